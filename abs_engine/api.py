@@ -1,0 +1,204 @@
+"""The user-facing graph API: a Dataflow, and Streams with map/flat_map/filter/key_by/...
+
+    flow = Dataflow("wordcount", parallelism=2)
+    words = flow.source(TextFileSource("in.txt")).flat_map(str.split)
+    words.key_by().count_final().sink(FileSink("out.tsv"), parallelism=1)
+    flow.run(checkpoint_interval=1.0, checkpoint_dir="ckpt")
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from operators.base import Operator, Sink, Source
+from operators.basic import Filter, FlatMap, Identity, Map
+from operators.keyed import Count, CountFinal, Reduce, ReduceFinal
+
+from .errors import GraphError, GraphErrorReason
+from .graph import Edge, LogicalGraph, Node, NodeKind, Partition
+
+if TYPE_CHECKING:
+    from .executors.local import JobResult
+    from .plan import Plan
+
+
+def _fn_label(fn: Any) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+class Dataflow:
+    """A dataflow under construction. ``parallelism`` is the default for every operator."""
+
+    def __init__(self, name: str = "dataflow", parallelism: int = 1):
+        if not isinstance(parallelism, int) or parallelism < 1:
+            raise GraphError(GraphErrorReason.BAD_PARALLELISM, f"parallelism must be an int >= 1, got {parallelism!r}")
+        self.graph = LogicalGraph(name=name, default_parallelism=parallelism)
+        self._counters: dict[str, int] = {}
+
+    def _name(self, wanted: str | None, base: str) -> str:
+        if wanted is not None:
+            if wanted in self.graph.nodes:
+                raise GraphError(
+                    GraphErrorReason.DUPLICATE_NAME,
+                    f"operator name {wanted!r} is used twice: give each operator a unique name",
+                    wanted,
+                )
+            return wanted
+        n = self._counters.get(base, 0) + 1
+        self._counters[base] = n
+        name = base if n == 1 else f"{base}_{n}"
+        while name in self.graph.nodes:
+            n += 1
+            self._counters[base] = n
+            name = f"{base}_{n}"
+        return name
+
+    def _add(self, node: Node) -> None:
+        if node.parallelism is not None and (not isinstance(node.parallelism, int) or node.parallelism < 1):
+            raise GraphError(
+                GraphErrorReason.BAD_PARALLELISM,
+                f"operator {node.name!r}: parallelism must be an int >= 1, got {node.parallelism!r}",
+                node.name,
+            )
+        self.graph.nodes[node.name] = node
+
+    def source(self, source: Source, name: str | None = None, parallelism: int | None = None) -> "Stream":
+        if not isinstance(source, Source):
+            raise GraphError(
+                GraphErrorReason.BAD_ARGUMENT,
+                f"Dataflow.source() takes an operators.Source, got {type(source).__name__}",
+            )
+        n = self._name(name, "source")
+        self._add(Node(n, NodeKind.SOURCE, source, type(source).__name__, parallelism))
+        return Stream(self, n)
+
+    def feedback(self, name: str | None = None, parallelism: int | None = None) -> "Feedback":
+        """A loop handle: use it as a stream now, ``connect`` the loop's end to it later."""
+        n = self._name(name, "feedback")
+        self._add(Node(n, NodeKind.OPERATOR, Identity(), "feedback", parallelism, feedback=True, connected=False))
+        return Feedback(self, n)
+
+    # -- compiling and running (imported lazily: the API does not depend on the runtime) --
+
+    def compile(self) -> "Plan":
+        from .compiler import compile_graph
+
+        return compile_graph(self.graph)
+
+    def explain(self) -> str:
+        from .compiler import explain
+
+        return explain(self.compile())
+
+    def run(self, **config: Any) -> "JobResult":
+        """Run on the embedded executor; see executors.local.JobConfig for the options."""
+        from .executors.local import JobConfig, run_job
+
+        return run_job(self, JobConfig(**config))
+
+
+class Stream:
+    """A stream of records produced by one operator."""
+
+    def __init__(self, flow: Dataflow, node: str, partition: Partition | None = None):
+        self.flow = flow
+        self.node = node
+        self._partition = partition
+
+    def _then(
+        self,
+        op: Operator,
+        base: str,
+        label: str,
+        name: str | None,
+        parallelism: int | None,
+        key_fn: Callable[[Any], Any] | None = None,
+        keyed: bool = False,
+        kind: NodeKind = NodeKind.OPERATOR,
+    ) -> str:
+        n = self.flow._name(name, base)
+        self.flow._add(Node(n, kind, op, label, parallelism, key_fn=key_fn, keyed=keyed))
+        self.flow.graph.edges.append(Edge(self.node, n, self._partition))
+        return n
+
+    def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None) -> "Stream":
+        return Stream(self.flow, self._then(Map(fn), "map", f"map({_fn_label(fn)})", name, parallelism))
+
+    def flat_map(
+        self, fn: Callable[[Any], Iterable[Any]], name: str | None = None, parallelism: int | None = None
+    ) -> "Stream":
+        return Stream(self.flow, self._then(FlatMap(fn), "flat_map", f"flat_map({_fn_label(fn)})", name, parallelism))
+
+    def filter(self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None) -> "Stream":
+        return Stream(self.flow, self._then(Filter(fn), "filter", f"filter({_fn_label(fn)})", name, parallelism))
+
+    def apply(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> "Stream":
+        """Any user-defined Operator subclass."""
+        return Stream(self.flow, self._then(op, "apply", type(op).__name__, name, parallelism))
+
+    def key_by(self, key: Callable[[Any], Any] | None = None) -> "KeyedStream":
+        """Partition by ``key(record)`` (the record itself when key is None)."""
+        return KeyedStream(self.flow, self.node, key)
+
+    def rebalance(self) -> "Stream":
+        return Stream(self.flow, self.node, Partition.REBALANCE)
+
+    def forward(self) -> "Stream":
+        return Stream(self.flow, self.node, Partition.FORWARD)
+
+    def union(self, *others: "Stream", name: str | None = None, parallelism: int | None = None) -> "Stream":
+        for o in others:
+            if o.flow is not self.flow:
+                raise GraphError(GraphErrorReason.FOREIGN_STREAM, "union() of streams from different Dataflows")
+        n = self._then(Identity(), "union", "union", name, parallelism)
+        for o in others:
+            self.flow.graph.edges.append(Edge(o.node, n, o._partition))
+        return Stream(self.flow, n)
+
+    def sink(self, sink: Sink, name: str | None = None, parallelism: int | None = None) -> None:
+        if not isinstance(sink, Sink):
+            raise GraphError(
+                GraphErrorReason.BAD_ARGUMENT, f"Stream.sink() takes an operators.Sink, got {type(sink).__name__}"
+            )
+        self._then(sink, "sink", type(sink).__name__, name, parallelism, kind=NodeKind.SINK)
+
+
+class KeyedStream(Stream):
+    """A stream whose next operator is keyed: its input is hash-partitioned by the key."""
+
+    def __init__(self, flow: Dataflow, node: str, key_fn: Callable[[Any], Any] | None):
+        super().__init__(flow, node, Partition.HASH)
+        self.key_fn = key_fn
+
+    def _keyed(self, op: Operator, base: str, name: str | None, parallelism: int | None) -> Stream:
+        label = f"{base}(key={_fn_label(self.key_fn) if self.key_fn else 'record'})"
+        return Stream(self.flow, self._then(op, base, label, name, parallelism, key_fn=self.key_fn, keyed=True))
+
+    def count(self, name: str | None = None, parallelism: int | None = None) -> Stream:
+        return self._keyed(Count(self.key_fn), "count", name, parallelism)
+
+    def count_final(self, name: str | None = None, parallelism: int | None = None) -> Stream:
+        return self._keyed(CountFinal(self.key_fn), "count_final", name, parallelism)
+
+    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None) -> Stream:
+        return self._keyed(Reduce(fn, self.key_fn), "reduce", name, parallelism)
+
+    def reduce_final(
+        self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None
+    ) -> Stream:
+        return self._keyed(ReduceFinal(fn, self.key_fn), "reduce_final", name, parallelism)
+
+    def apply_keyed(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> Stream:
+        """A user-defined keyed operator; it must key its state by the same key."""
+        return self._keyed(op, "keyed", name, parallelism)
+
+
+class Feedback(Stream):
+    """The head of a loop: records sent to ``connect(stream)`` come back here."""
+
+    def connect(self, stream: Stream) -> None:
+        node = self.flow.graph.nodes[self.node]
+        if node.connected:
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT, f"feedback {self.node!r} is already connected", self.node)
+        node.connected = True
+        self.flow.graph.edges.append(Edge(stream.node, self.node, stream._partition))

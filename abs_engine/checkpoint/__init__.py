@@ -1,0 +1,1 @@
+"""Checkpoints: the coordinator (driver side), pending checkpoints, durable storage."""

@@ -1,0 +1,158 @@
+"""The checkpoint coordinator (lives in the driver). Sans-IO: it returns the messages to
+send and the checkpoints it completed; the executor does the sending.
+
+Protocol:
+- every ``interval`` seconds (with at most ``max_in_flight`` pending) it triggers checkpoint
+  n at the *source* tasks, which snapshot their offsets and inject barrier n;
+- a task that has finished (end of stream on all inputs) receives no barriers any more, so
+  the coordinator triggers it directly; its state can no longer change, so that is exact;
+- when every task has acknowledged n, the metadata is written (the commit point), older
+  pending checkpoints are subsumed, and every task is notified;
+- a checkpoint older than ``timeout`` is aborted; late acknowledgements are then DISCARDED;
+- once every task has finished, one more checkpoint, the *final* one, is taken; when it
+  completes the job commits and ends.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .. import messages
+from .pending import AckOutcome, PendingCheckpoint, TaskSnapshot
+from .storage import CheckpointStorage, FileEntry, Metadata
+
+
+@dataclass
+class CoordinatorStats:
+    completed: list[Metadata] = field(default_factory=list)
+    aborted: list[int] = field(default_factory=list)
+    outcomes: dict[AckOutcome, int] = field(default_factory=dict)
+
+
+class CheckpointCoordinator:
+    def __init__(
+        self,
+        job: str,
+        fingerprint: str,
+        tasks: list[str],
+        source_tasks: list[str],
+        storage: CheckpointStorage,
+        interval: float | None,
+        timeout: float,
+        max_in_flight: int = 1,
+        next_id: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        self.job = job
+        self.fingerprint = fingerprint
+        self.tasks = frozenset(tasks)
+        self.source_tasks = list(source_tasks)
+        self.storage = storage
+        self.interval = interval
+        self.timeout = timeout
+        self.max_in_flight = max_in_flight
+        self.next_id = next_id
+        self.clock = clock
+        self.pending: dict[int, PendingCheckpoint] = {}
+        self.finished: set[str] = set()
+        self.closed_ids: set[int] = set()  #: completed, aborted or subsumed
+        self.final_completed: Metadata | None = None
+        self.stats = CoordinatorStats()
+        self.next_trigger_at: float | None = None
+
+    def start(self) -> None:
+        if self.interval is not None:
+            self.next_trigger_at = self.clock() + self.interval
+
+    @property
+    def all_finished(self) -> bool:
+        return self.finished >= self.tasks
+
+    def deadline(self) -> float | None:
+        """When poll() next has something to do (None: only on messages)."""
+        times = [p.started + self.timeout for p in self.pending.values()]
+        if self.next_trigger_at is not None and not self.all_finished:
+            times.append(self.next_trigger_at)
+        return min(times) if times else None
+
+    def poll(self) -> list[tuple[str, messages.Message]]:
+        """Abort timed-out checkpoints; trigger a checkpoint if one is due."""
+        now = self.clock()
+        for cid, p in list(self.pending.items()):
+            if now - p.started > self.timeout:
+                p.discard()
+                del self.pending[cid]
+                self.closed_ids.add(cid)
+                self.stats.aborted.append(cid)
+        out: list[tuple[str, messages.Message]] = []
+        if self.final_completed is not None or len(self.pending) >= self.max_in_flight:
+            return out
+        if self.all_finished:
+            if not any(p.final for p in self.pending.values()):
+                out += self._trigger(now, final=True)
+        elif self.next_trigger_at is not None and now >= self.next_trigger_at:
+            out += self._trigger(now, final=False)
+            self.next_trigger_at = now + (self.interval or 0)
+        return out
+
+    def _trigger(self, now: float, final: bool) -> list[tuple[str, messages.Message]]:
+        cid = self.next_id
+        self.next_id += 1
+        p = PendingCheckpoint(cid, now, self.tasks, final=final)
+        self.pending[cid] = p
+        targets = set(self.source_tasks) | self.finished
+        p.triggered_directly |= targets
+        return [(t, messages.Trigger(cid)) for t in sorted(targets)]
+
+    def on_finished(self, task: str) -> list[tuple[str, messages.Message]]:
+        """A task saw end of stream on every input: trigger it directly from now on."""
+        self.finished.add(task)
+        out: list[tuple[str, messages.Message]] = []
+        for cid, p in sorted(self.pending.items()):
+            if task not in p.acks and task not in p.triggered_directly:
+                p.triggered_directly.add(task)
+                out.append((task, messages.Trigger(cid)))
+        return out
+
+    def on_ack(self, ack: messages.Ack) -> tuple[AckOutcome, Metadata | None]:
+        """Record an acknowledgement; returns the outcome and the checkpoint it completed."""
+        p = self.pending.get(ack.checkpoint_id)
+        if p is None:
+            outcome = AckOutcome.DISCARDED if ack.checkpoint_id in self.closed_ids else AckOutcome.UNKNOWN
+        else:
+            outcome = p.acknowledge(ack.task, TaskSnapshot(ack.file, ack.size, ack.sha256, ack.alignment_ms))
+        self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
+        if p is None or not p.complete:
+            return outcome, None
+        return outcome, self._complete(p)
+
+    def _complete(self, p: PendingCheckpoint) -> Metadata:
+        now = self.clock()
+        meta = Metadata(
+            checkpoint_id=p.checkpoint_id,
+            job=self.job,
+            fingerprint=self.fingerprint,
+            created=time.time(),
+            final=p.final,
+            tasks={t: FileEntry(s.file, s.size, s.sha256) for t, s in p.acks.items()},
+            alignment_ms={t: s.alignment_ms for t, s in p.acks.items()},
+            duration_ms=(now - p.started) * 1000,
+        )
+        self.storage.write_metadata(meta)
+        del self.pending[p.checkpoint_id]
+        self.closed_ids.add(p.checkpoint_id)
+        for cid in [c for c in self.pending if c < p.checkpoint_id]:  # subsumed
+            self.pending.pop(cid).discard()
+            self.closed_ids.add(cid)
+        self.storage.prune()
+        self.stats.completed.append(meta)
+        if p.final:
+            self.final_completed = meta
+        return meta
+
+    def notifications(self, meta: Metadata) -> list[tuple[str, messages.Message]]:
+        return [(t, messages.NotifyComplete(meta.checkpoint_id, meta.final)) for t in sorted(self.tasks)]

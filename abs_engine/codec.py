@@ -1,0 +1,82 @@
+"""msgpack encoding for everything that crosses a process boundary or touches disk.
+
+Invariants:
+- No pickle: channel frames, control messages and checkpoint files are msgpack only.
+- msgpack arrays decode as tuples (hashable, so they can be keys): a list a user emits
+  arrives downstream as a tuple. Maps may have non-string keys.
+- A frame on the wire is ``!IB`` (payload length, kind) followed by the payload.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+HEADER = struct.Struct("!IB")
+HEADER_SIZE = HEADER.size
+MAX_FRAME = 1 << 31
+
+
+class FrameKind:
+    RECORDS = 0  #: payload: msgpack array of records
+    BARRIER = 1  #: payload: msgpack int (checkpoint id)
+    END = 2  #: payload: empty; end of stream on this channel
+    CONTROL = 3  #: payload: msgpack control message (see messages.py)
+    HELLO = 4  #: payload: msgpack channel id, first frame on a data connection
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes | memoryview) -> Any:
+    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+
+
+def frame(kind: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(len(payload), kind) + payload
+
+
+def records_frame(batch: list[Any]) -> bytes:
+    payload = msgpack.packb(batch, use_bin_type=True)
+    return HEADER.pack(len(payload), FrameKind.RECORDS) + payload
+
+
+class FrameReader:
+    """Incremental parser of length-prefixed frames read from a byte stream.
+
+    ``feed`` appends bytes; ``next_frame`` returns (kind, payload) or None when the
+    buffer does not hold a whole frame yet. Frames come out in the order they went in.
+    """
+
+    __slots__ = ("_buf", "_pos")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> None:
+        if self._pos and self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        elif self._pos > 1 << 20:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def next_frame(self) -> tuple[int, bytes] | None:
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < HEADER_SIZE:
+            return None
+        length, kind = HEADER.unpack_from(buf, pos)
+        end = pos + HEADER_SIZE + length
+        if len(buf) < end:
+            return None
+        payload = bytes(buf[pos + HEADER_SIZE : end])
+        self._pos = end
+        return kind, payload
+
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos

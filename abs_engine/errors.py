@@ -1,0 +1,86 @@
+"""Typed errors. Each names the problem and the fix; a reason enum makes them testable.
+
+Expected protocol outcomes (a duplicate acknowledgement, a late barrier) are *values*
+(see `checkpoint.pending.AckOutcome`, `runtime.alignment`); only real failures raise.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class AbsEngineError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class GraphErrorReason(enum.Enum):
+    NO_SOURCES = "no_sources"
+    UNREACHABLE = "unreachable"
+    CYCLE_WITHOUT_SOURCE = "cycle_without_source"
+    SINK_WITH_OUTPUTS = "sink_with_outputs"
+    SOURCE_WITH_INPUTS = "source_with_inputs"
+    FORWARD_PARALLELISM = "forward_parallelism"
+    BAD_PARALLELISM = "bad_parallelism"
+    DUPLICATE_NAME = "duplicate_name"
+    NO_SINK = "no_sink"
+    FOREIGN_STREAM = "foreign_stream"
+    CYCLES_UNSUPPORTED = "cycles_unsupported"
+    BAD_ARGUMENT = "bad_argument"
+
+
+class GraphError(AbsEngineError):
+    """The dataflow graph is not valid; the message names the operator and the fix."""
+
+    def __init__(self, reason: GraphErrorReason, message: str, operator: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.operator = operator
+
+
+class CheckpointErrorReason(enum.Enum):
+    MISSING_METADATA = "missing_metadata"
+    CORRUPT_METADATA = "corrupt_metadata"
+    MISSING_FILE = "missing_file"
+    CHECKSUM_MISMATCH = "checksum_mismatch"
+    CORRUPT_STATE = "corrupt_state"
+    PLAN_MISMATCH = "plan_mismatch"
+    NOT_FOUND = "not_found"
+    DIRECTORY_NOT_EMPTY = "directory_not_empty"
+
+
+class CheckpointError(AbsEngineError):
+    """A stored checkpoint cannot be used (corrupt, missing, or for another plan)."""
+
+    def __init__(self, reason: CheckpointErrorReason, message: str, checkpoint_id: int | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.checkpoint_id = checkpoint_id
+
+
+class SerializationError(AbsEngineError):
+    """A record or a piece of state cannot be encoded with msgpack."""
+
+    def __init__(self, what: str, operator: str, detail: str):
+        super().__init__(
+            f"{what} of operator {operator!r} cannot be serialised with msgpack: {detail}. "
+            "Records and state must be built from None, bool, int, float, str, bytes, "
+            "lists/tuples and dicts; convert other objects (e.g. to a dict or a tuple) first."
+        )
+        self.what = what
+        self.operator = operator
+
+
+class InputError(AbsEngineError):
+    """An input the job needs does not exist or cannot be read."""
+
+
+class JobFailed(AbsEngineError):
+    """The job failed and the restart strategy gave up. Carries the user's traceback."""
+
+    def __init__(self, message: str, operator: str | None = None, user_traceback: str | None = None):
+        full = message
+        if user_traceback:
+            full += "\n\n--- traceback from the worker ---\n" + user_traceback.rstrip()
+        super().__init__(full)
+        self.operator = operator
+        self.user_traceback = user_traceback

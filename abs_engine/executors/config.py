@@ -1,0 +1,71 @@
+"""Job configuration and the result of a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("aligned", "none")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """How to run a job.
+
+    mode: "aligned" (ABS checkpoints every ``checkpoint_interval`` seconds) or "none" (no
+        periodic checkpoints: a failure restarts from scratch; the final commit still happens).
+    checkpoint_dir: where checkpoints go; a temporary directory (deleted after success) if None.
+    resume: continue from the newest valid checkpoint already in ``checkpoint_dir``; without it
+        a directory that holds checkpoints is refused (it belongs to another run).
+    restart_attempts / restart_delay: fixed-delay restart strategy; a job that fails more than
+        ``restart_attempts`` times fails with the last error.
+    progress: print a progress line to stderr about once a second.
+    chaos: failure injection for tests (see abs_engine.testing.RandomKills).
+    """
+
+    mode: str = "aligned"
+    checkpoint_interval: float = 1.0
+    checkpoint_dir: str | None = None
+    checkpoint_timeout: float = 120.0
+    max_concurrent_checkpoints: int = 1
+    retained_checkpoints: int = 3
+    restart_attempts: int = 10
+    restart_delay: float = 0.2
+    resume: bool = False
+    progress: bool = False
+    chaos: Any = None
+    host: str = "127.0.0.1"
+    startup_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "aligned" and not self.checkpoint_interval > 0:
+            raise ValueError(f"checkpoint_interval must be > 0 seconds, got {self.checkpoint_interval!r}")
+        if self.restart_attempts < 0 or self.restart_delay < 0:
+            raise ValueError("restart_attempts and restart_delay must be >= 0")
+        if self.retained_checkpoints < 1:
+            raise ValueError("retained_checkpoints must be >= 1")
+
+
+@dataclass(frozen=True)
+class CheckpointStat:
+    checkpoint_id: int
+    duration_ms: float
+    bytes: int
+    max_alignment_ms: float
+    final: bool
+
+
+@dataclass
+class JobResult:
+    job: str
+    duration_s: float = 0.0
+    restarts: int = 0
+    kills: int = 0
+    source_records: int = 0
+    checkpoints: list[CheckpointStat] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    restored_from: list[int] = field(default_factory=list)
+    skipped_checkpoints: list[str] = field(default_factory=list)
+    checkpoint_dir: str = ""

@@ -1,0 +1,365 @@
+"""The embedded default executor: the driver starts one OS process per task on this
+machine, runs the checkpoint coordinator, and recovers from failures.
+
+Recovery (global failover): when any worker fails (an exception, or SIGKILL at any
+moment) every worker of the attempt is killed; the newest checkpoint that passes
+verification is chosen (a corrupt one is reported and skipped); new workers restore from
+it, sources rewind to their offsets, and the job goes on, under a fixed-delay restart
+strategy. When attempts run out the job fails with the user's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import cloudpickle
+
+from .. import codec, messages
+from ..checkpoint.coordinator import CheckpointCoordinator
+from ..checkpoint.storage import CheckpointStorage, Metadata
+from ..errors import CheckpointError, CheckpointErrorReason, GraphError, GraphErrorReason, JobFailed
+from ..graph import LogicalGraph
+from ..plan import Plan
+from .config import CheckpointStat, JobConfig, JobResult
+
+if TYPE_CHECKING:
+    from ..api import Dataflow
+
+
+class WorkerFailure(Exception):
+    def __init__(self, task: str, operator: str | None, detail: str, traceback: str | None = None, fatal: bool = False):
+        super().__init__(f"task {task}" + (f", operator {operator!r}" if operator else "") + f": {detail}")
+        self.task = task
+        self.operator = operator
+        self.traceback = traceback
+        self.fatal = fatal
+
+
+@dataclass
+class Worker:
+    task: str
+    proc: subprocess.Popen[bytes]
+    sock: socket.socket | None = None
+    reader: codec.FrameReader = field(default_factory=codec.FrameReader)
+    running: bool = False
+    committed: bool = False
+
+
+def ship_code(graph: LogicalGraph) -> bytes:
+    """The user's operators and key functions, by value where needed (cloudpickle)."""
+    return cloudpickle.dumps(
+        {
+            "ops": {n.name: n.template for n in graph.nodes.values()},
+            "keys": {n.name: n.key_fn for n in graph.nodes.values()},
+        }
+    )
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    seed = env.get("PYTHONHASHSEED")
+    if seed in (None, "", "random"):
+        env["PYTHONHASHSEED"] = "0"  # hash partitioning must agree across workers and restarts
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+class LocalExecutor:
+    def __init__(self, graph: LogicalGraph, plan: Plan, config: JobConfig):
+        self.graph = graph
+        self.plan = plan
+        self.config = config
+        self.code = ship_code(graph)
+        self.fingerprint = plan.fingerprint()
+        self.result = JobResult(job=plan.job)
+        self.source_tasks = [t.id for t in plan.tasks if plan.chain(t.chain).is_source]
+        self.source_progress: dict[str, int] = {}
+
+    # ---- the job --------------------------------------------------------------------------
+
+    def run(self) -> JobResult:
+        cfg = self.config
+        for node in self.graph.nodes.values():
+            check = getattr(node.template, "check", None)
+            if check is not None:
+                check()
+        temp = cfg.checkpoint_dir is None
+        ckdir = tempfile.mkdtemp(prefix="abs-engine-ckpt-") if temp else os.path.abspath(cfg.checkpoint_dir)
+        os.makedirs(ckdir, exist_ok=True)
+        self.result.checkpoint_dir = ckdir
+        storage = CheckpointStorage(ckdir, cfg.retained_checkpoints)
+        if storage.completed_ids() and not cfg.resume:
+            raise CheckpointError(
+                CheckpointErrorReason.DIRECTORY_NOT_EMPTY,
+                f"checkpoint directory {ckdir} already holds checkpoints {storage.completed_ids()} "
+                "of an earlier run: pass resume=True (--resume) to continue from them, or use an empty directory",
+            )
+        self.started = time.monotonic()
+        listener = socket.create_server((cfg.host, 0), backlog=512)
+        attempt = 0
+        try:
+            while True:
+                meta, skipped = storage.latest_valid(self.fingerprint)
+                for err in skipped:
+                    msg = f"skipping checkpoint {err.checkpoint_id}: {err}"
+                    self.result.skipped_checkpoints.append(msg)
+                    self._log(msg)
+                storage.remove_orphans_after(meta.checkpoint_id if meta else 0)
+                if meta is not None:
+                    self.result.restored_from.append(meta.checkpoint_id)
+                next_id = max(storage.ids_on_disk(), default=0) + 1
+                try:
+                    self._attempt(attempt, listener, storage, meta, next_id)
+                    break
+                except WorkerFailure as f:
+                    self.result.failures.append(str(f))
+                    if f.fatal or attempt >= cfg.restart_attempts:
+                        why = "cannot be retried" if f.fatal else f"failed {attempt + 1} time(s), restart attempts exhausted"
+                        raise JobFailed(f"job {self.plan.job!r} {why}: {f}", f.operator, f.traceback) from None
+                    attempt += 1
+                    self.result.restarts += 1
+                    self._log(f"restarting (attempt {attempt} of {cfg.restart_attempts}) after: {f}")
+                    if cfg.restart_delay:
+                        time.sleep(cfg.restart_delay)  # the restart strategy's delay, not synchronisation
+        finally:
+            listener.close()
+        self.result.duration_s = time.monotonic() - self.started
+        if temp:
+            shutil.rmtree(ckdir, ignore_errors=True)
+        return self.result
+
+    def _log(self, msg: str) -> None:
+        if self.config.progress:
+            print(f"[{self.plan.job}] {msg}", file=sys.stderr, flush=True)
+
+    # ---- one attempt ------------------------------------------------------------------------
+
+    def _attempt(self, gen: int, listener: socket.socket, storage: CheckpointStorage,
+                 meta: Metadata | None, next_id: int) -> None:
+        cfg = self.config
+        host, port = listener.getsockname()[:2]
+        env = worker_env()
+        workers: dict[str, Worker] = {}
+        try:
+            for t in self.plan.tasks:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "abs_engine.runtime.worker", host, str(port), t.id, str(gen)],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                )
+                workers[t.id] = Worker(t.id, proc)
+            peers = self._accept_hellos(listener, workers, gen)
+            for t in self.plan.tasks:
+                restore = None
+                if meta is not None:
+                    e = meta.tasks[t.id]
+                    restore = {"checkpoint_id": meta.checkpoint_id, "size": e.size, "sha256": e.sha256,
+                               "path": os.path.join(storage.dir_of(meta.checkpoint_id), e.file)}
+                self._send(workers[t.id], messages.Deploy(
+                    self.plan.to_dict(), self.code, peers, restore,
+                    bool(meta is not None and meta.final), storage.root))
+            self._drive(workers, storage, meta, next_id)
+        finally:
+            for w in workers.values():
+                if w.proc.poll() is None:
+                    w.proc.kill()
+            for w in workers.values():
+                try:
+                    w.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
+                if w.sock is not None:
+                    w.sock.close()
+
+    def _accept_hellos(self, listener: socket.socket, workers: dict[str, Worker], gen: int) -> dict[str, tuple[str, int]]:
+        deadline = time.monotonic() + self.config.startup_timeout
+        peers: dict[str, tuple[str, int]] = {}
+        pending: dict[socket.socket, codec.FrameReader] = {}
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ, None)
+        try:
+            while len(peers) < len(workers):
+                self._check_alive(workers)
+                self._chaos(workers)
+                if time.monotonic() > deadline:
+                    raise WorkerFailure("*", None, f"workers did not start within {self.config.startup_timeout}s")
+                for key, _ in sel.select(timeout=0.05):
+                    if key.data is None:
+                        sock, _ = listener.accept()
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        pending[sock] = codec.FrameReader()
+                        sel.register(sock, selectors.EVENT_READ, sock)
+                        continue
+                    sock = key.data
+                    data = sock.recv(1 << 16)
+                    if not data:
+                        sel.unregister(sock)
+                        pending.pop(sock, None)
+                        sock.close()
+                        continue
+                    reader = pending[sock]
+                    reader.feed(data)
+                    frame = reader.next_frame()
+                    if frame is None:
+                        continue
+                    msg = messages.decode(frame[1])
+                    sel.unregister(sock)
+                    del pending[sock]
+                    if isinstance(msg, messages.Failed):
+                        raise WorkerFailure(msg.task, msg.operator, "failed at start-up", msg.traceback, msg.fatal)
+                    if not isinstance(msg, messages.Hello) or msg.generation != gen or msg.task not in workers:
+                        sock.close()  # a straggler from an earlier attempt
+                        continue
+                    w = workers[msg.task]
+                    w.sock, w.reader = sock, reader
+                    peers[msg.task] = (msg.host, msg.port)
+        finally:
+            sel.close()
+            for s in pending:
+                s.close()
+        return peers
+
+    def _send(self, w: Worker, msg: messages.Message) -> None:
+        assert w.sock is not None
+        try:
+            w.sock.sendall(messages.encode(msg))
+        except OSError:
+            self._check_alive({w.task: w})
+            raise WorkerFailure(w.task, None, "control connection lost") from None
+
+    def _check_alive(self, workers: dict[str, Worker]) -> None:
+        for w in workers.values():
+            code = w.proc.poll()
+            if code is not None and not (code == 0 and w.committed):
+                how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                raise WorkerFailure(w.task, None, f"worker process {w.proc.pid} {how}")
+
+    def _chaos(self, workers: dict[str, Worker]) -> None:
+        chaos = self.config.chaos
+        if chaos is None:
+            return
+        victim = chaos.poll(time.monotonic() - self.started, {t: w.proc.pid for t, w in workers.items()
+                                                                if w.proc.poll() is None})
+        if victim is not None:
+            self.result.kills += 1
+            self._log(f"chaos: SIGKILL {victim}")
+
+    def _drive(self, workers: dict[str, Worker], storage: CheckpointStorage, meta: Metadata | None, next_id: int) -> None:
+        cfg = self.config
+        final_restore = meta is not None and meta.final
+        coord = CheckpointCoordinator(
+            self.plan.job, self.fingerprint, list(workers), self.source_tasks, storage,
+            cfg.checkpoint_interval if cfg.mode == "aligned" else None,
+            cfg.checkpoint_timeout, cfg.max_concurrent_checkpoints, next_id,
+        )
+        sel = selectors.DefaultSelector()
+        for w in workers.values():
+            assert w.sock is not None
+            sel.register(w.sock, selectors.EVENT_READ, w)
+        next_progress = time.monotonic() + 1.0
+        started = False
+        try:
+            while not all(w.committed for w in workers.values()):
+                self._chaos(workers)
+                now = time.monotonic()
+                deadline = coord.deadline() if started else None
+                timeout = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
+                for key, _ in sel.select(timeout=timeout):
+                    w = key.data
+                    try:
+                        data = w.sock.recv(1 << 20)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        sel.unregister(w.sock)
+                        if w.committed:
+                            continue
+                        w.proc.wait(timeout=5)
+                        self._check_alive({w.task: w})
+                        raise WorkerFailure(w.task, None, "worker closed its control connection")
+                    w.reader.feed(data)
+                    while (frame := w.reader.next_frame()) is not None:
+                        msg = messages.decode(frame[1])
+                        self._on_message(w, msg, coord, workers)
+                if not started and all(w.running for w in workers.values()):
+                    started = True
+                    coord.start()
+                if started and not final_restore:
+                    for task, m in coord.poll():
+                        self._send(workers[task], m)
+                self._check_alive(workers)
+                if cfg.progress and time.monotonic() >= next_progress:
+                    next_progress = time.monotonic() + 1.0
+                    self._print_progress(coord)
+        finally:
+            sel.close()
+        if cfg.progress:
+            self._print_progress(coord)
+        for w in workers.values():
+            try:
+                w.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+
+    def _on_message(self, w: Worker, msg: messages.Message, coord: CheckpointCoordinator,
+                    workers: dict[str, Worker]) -> None:
+        if isinstance(msg, messages.Running):
+            w.running = True
+        elif isinstance(msg, messages.Progress):
+            self.source_progress[msg.task] = msg.records_in
+        elif isinstance(msg, messages.Ack):
+            outcome, meta = coord.on_ack(msg)
+            if meta is not None:
+                self.result.checkpoints.append(CheckpointStat(
+                    meta.checkpoint_id, meta.duration_ms, sum(e.size for e in meta.tasks.values()),
+                    max(meta.alignment_ms.values(), default=0.0), meta.final))
+                for task, m in coord.notifications(meta):
+                    self._send(workers[task], m)
+        elif isinstance(msg, messages.Finished):
+            if msg.task in self.source_tasks:
+                self.source_progress[msg.task] = msg.records_in
+            for task, m in coord.on_finished(msg.task):
+                self._send(workers[task], m)
+        elif isinstance(msg, messages.Committed):
+            w.committed = True
+        elif isinstance(msg, messages.Failed):
+            raise WorkerFailure(msg.task, msg.operator, "raised an exception", msg.traceback, msg.fatal)
+
+    def _print_progress(self, coord: CheckpointCoordinator) -> None:
+        elapsed = time.monotonic() - self.started
+        recs = sum(self.source_progress.values())
+        done = coord.stats.completed
+        last = f", last #{done[-1].checkpoint_id} took {done[-1].duration_ms:.0f} ms" if done else ""
+        self.result.source_records = max(self.result.source_records, recs)
+        print(
+            f"[{self.plan.job}] {elapsed:6.1f}s  source records {recs:,}  "
+            f"checkpoints {len(self.result.checkpoints)}{last}  restarts {self.result.restarts}",
+            file=sys.stderr, flush=True,
+        )
+
+
+def run_job(flow: "Dataflow", config: JobConfig) -> JobResult:
+    plan = flow.compile()
+    if plan.back_edges:
+        edges = ", ".join(f"{e.src}->{e.dst}" for e in plan.back_edges)
+        raise GraphError(
+            GraphErrorReason.CYCLES_UNSUPPORTED,
+            f"the dataflow has cycles (back-edges {edges}); this version compiles them "
+            "(see explain()) but cannot run them yet",
+        )
+    ex = LocalExecutor(flow.graph, plan, config)
+    res = ex.run()
+    res.source_records = max(res.source_records, sum(ex.source_progress.values()))
+    return res
+
+
+__all__ = ["LocalExecutor", "run_job", "JobConfig", "JobResult", "WorkerFailure"]

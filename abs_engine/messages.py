@@ -1,0 +1,145 @@
+"""Control messages between the driver (coordinator) and the workers.
+
+Every message is a frozen dataclass; on the wire it is the msgpack array
+``[TAG, field1, field2, ...]`` inside a CONTROL frame (see codec.py). Data-plane
+messages (record batches, barriers, end of stream) are frame kinds, not classes,
+so the hot path never builds an object per batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from . import codec
+
+
+@dataclass(frozen=True)
+class Message:
+    TAG: ClassVar[str] = ""
+
+
+# ---- driver -> worker -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Deploy(Message):
+    """Everything a worker needs to build and start its task."""
+
+    TAG: ClassVar[str] = "deploy"
+    plan: dict[str, Any]  #: the plan as pure data (plan.Plan.to_dict())
+    code: bytes  #: cloudpickled {operator id: operator factory}: user code, never data
+    peers: dict[str, tuple[str, int]]  #: task id -> data address of its worker
+    restore: dict[str, Any] | None  #: {"checkpoint_id", "path", "size", "sha256"} or None
+    restore_final: bool  #: the restored checkpoint is the job's final one: commit and exit
+    checkpoint_dir: str
+
+
+@dataclass(frozen=True)
+class Trigger(Message):
+    """Snapshot now. Sent to sources, and to tasks that have already finished."""
+
+    TAG: ClassVar[str] = "trigger"
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class NotifyComplete(Message):
+    TAG: ClassVar[str] = "complete"
+    checkpoint_id: int
+    final: bool
+
+
+@dataclass(frozen=True)
+class Shutdown(Message):
+    TAG: ClassVar[str] = "shutdown"
+
+
+# ---- worker -> driver -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    TAG: ClassVar[str] = "hello"
+    task: str
+    generation: int
+    host: str
+    port: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Running(Message):
+    TAG: ClassVar[str] = "running"
+    task: str
+
+
+@dataclass(frozen=True)
+class Ack(Message):
+    """The task's snapshot for ``checkpoint_id`` is durably written."""
+
+    TAG: ClassVar[str] = "ack"
+    checkpoint_id: int
+    task: str
+    file: str
+    size: int
+    sha256: str
+    alignment_ms: float
+
+
+@dataclass(frozen=True)
+class Finished(Message):
+    """The task has seen end of stream on every input (a source: read all its input)."""
+
+    TAG: ClassVar[str] = "finished"
+    task: str
+    records_in: int
+    records_out: int
+
+
+@dataclass(frozen=True)
+class Progress(Message):
+    """Periodic counters from a source task, for the driver's progress line."""
+
+    TAG: ClassVar[str] = "progress"
+    task: str
+    records_in: int
+    records_out: int
+
+
+@dataclass(frozen=True)
+class Committed(Message):
+    """The task has run notify-complete for the job's final checkpoint; it exits next."""
+
+    TAG: ClassVar[str] = "committed"
+    task: str
+
+
+@dataclass(frozen=True)
+class Failed(Message):
+    TAG: ClassVar[str] = "failed"
+    task: str
+    operator: str
+    traceback: str
+    fatal: bool  #: retrying cannot help (e.g. state that msgpack cannot encode)
+
+
+_REGISTRY: dict[str, type[Message]] = {
+    cls.TAG: cls
+    for cls in (Deploy, Trigger, NotifyComplete, Shutdown, Hello, Running, Ack, Finished, Progress, Committed, Failed)
+}
+
+
+def encode(msg: Message) -> bytes:
+    fields = [getattr(msg, f.name) for f in dataclasses.fields(msg)]
+    return codec.frame(codec.FrameKind.CONTROL, codec.pack([msg.TAG, *fields]))
+
+
+def decode(payload: bytes) -> Message:
+    tag, *fields = codec.unpack(payload)
+    cls = _REGISTRY[tag]
+    if cls is Deploy:
+        plan, code, peers, restore, restore_final, ckdir = fields
+        return Deploy(plan, code, {k: (v[0], v[1]) for k, v in peers.items()}, restore, restore_final, ckdir)
+    return cls(*fields)

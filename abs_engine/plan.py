@@ -1,0 +1,131 @@
+"""The compiled physical plan: pure, frozen data (no operator objects, no sockets).
+
+A *chain* is a run of operators joined by forward edges, fused into one task so records
+pass between them by function call. A *task* is one parallel instance of a chain and runs
+in its own worker process. A *channel* joins a producer task to a consumer task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from . import codec
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    name: str
+    kind: str  #: graph.NodeKind value
+    label: str
+    parallelism: int
+    keyed: bool
+    chain: str
+
+
+@dataclass(frozen=True)
+class ChainSpec:
+    name: str  #: the head operator's name
+    operators: tuple[str, ...]
+    parallelism: int
+    is_source: bool
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    src: str  #: producer operator (a chain's tail)
+    dst: str  #: consumer operator (a chain's head)
+    partition: str  #: graph.Partition value
+    back_edge: bool
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    id: str
+    producer: str  #: task id
+    consumer: str  #: task id
+    edge: int  #: index into Plan.edges
+    back_edge: bool
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One out-edge of a task's chain: the channels, ordered by consumer subtask index."""
+
+    edge: int
+    partition: str
+    key_operator: str  #: whose key function partitions this edge (the consumer)
+    channels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    id: str
+    chain: str
+    index: int
+    parallelism: int
+    inputs: tuple[ChannelSpec, ...]
+    outputs: tuple[OutputSpec, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    job: str
+    operators: tuple[OperatorSpec, ...]
+    chains: tuple[ChainSpec, ...]
+    edges: tuple[EdgeSpec, ...]
+    tasks: tuple[TaskSpec, ...]
+
+    @property
+    def back_edges(self) -> tuple[EdgeSpec, ...]:
+        return tuple(e for e in self.edges if e.back_edge)
+
+    def task(self, task_id: str) -> TaskSpec:
+        for t in self.tasks:
+            if t.id == task_id:
+                return t
+        raise KeyError(task_id)
+
+    def chain(self, name: str) -> ChainSpec:
+        for c in self.chains:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def operator(self, name: str) -> OperatorSpec:
+        for o in self.operators:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    def fingerprint(self) -> str:
+        """Identifies the plan's shape: a checkpoint only restores into the same shape."""
+        shape = [[t.id, [c.id for c in t.inputs]] for t in self.tasks]
+        return hashlib.sha256(codec.pack(shape)).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Plan":
+        return Plan(
+            job=d["job"],
+            operators=tuple(OperatorSpec(**o) for o in d["operators"]),
+            chains=tuple(ChainSpec(c["name"], tuple(c["operators"]), c["parallelism"], c["is_source"]) for c in d["chains"]),
+            edges=tuple(EdgeSpec(**e) for e in d["edges"]),
+            tasks=tuple(
+                TaskSpec(
+                    id=t["id"],
+                    chain=t["chain"],
+                    index=t["index"],
+                    parallelism=t["parallelism"],
+                    inputs=tuple(ChannelSpec(**c) for c in t["inputs"]),
+                    outputs=tuple(
+                        OutputSpec(o["edge"], o["partition"], o["key_operator"], tuple(o["channels"]))
+                        for o in t["outputs"]
+                    ),
+                )
+                for t in d["tasks"]
+            ),
+        )

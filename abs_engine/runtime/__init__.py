@@ -1,0 +1,1 @@
+"""The worker-side runtime: channels, barrier alignment, the task run loop."""

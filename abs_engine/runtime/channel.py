@@ -1,0 +1,89 @@
+"""FIFO channels between tasks: one TCP connection per (producer, consumer) pair.
+
+Bounded by the kernel's socket buffers: a consumer that stops reading (a slow task, or one
+blocking an input during barrier alignment) makes its producers' ``sendall`` block, which
+back-pressures all the way to the sources. Frames are length-prefixed (codec.HEADER).
+TCP (not a pipe) so the same worker code can run on several machines under Spark.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from .. import codec
+
+RECV_SIZE = 1 << 20
+
+
+def tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class OutputChannel:
+    __slots__ = ("id", "sock")
+
+    def __init__(self, channel_id: str, address: tuple[str, int]):
+        self.id = channel_id
+        self.sock = socket.create_connection(address)
+        tune(self.sock)
+        self.sock.sendall(codec.frame(codec.FrameKind.HELLO, codec.pack(channel_id)))
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class ChannelClosed(Exception):
+    """The producer's end disconnected before end of stream: it died."""
+
+
+class InputChannel:
+    __slots__ = ("id", "sock", "reader", "back_edge", "ended")
+
+    def __init__(self, channel_id: str, sock: socket.socket, reader: codec.FrameReader, back_edge: bool):
+        self.id = channel_id
+        self.sock = sock
+        self.reader = reader
+        self.back_edge = back_edge
+        self.ended = False
+
+    def fill(self) -> None:
+        """Read what the socket has (call when it is readable)."""
+        data = self.sock.recv(RECV_SIZE)
+        if not data:
+            raise ChannelClosed(f"input channel {self.id} closed before end of stream (its producer died)")
+        self.reader.feed(data)
+
+    def next_frame(self) -> tuple[int, bytes] | None:
+        return self.reader.next_frame()
+
+
+def accept_inputs(listener: socket.socket, expected: dict[str, bool], timeout: float) -> dict[str, InputChannel]:
+    """Accept one connection per expected channel id; each opens with a HELLO frame."""
+    channels: dict[str, InputChannel] = {}
+    listener.settimeout(timeout)
+    while len(channels) < len(expected):
+        sock, _ = listener.accept()
+        sock.settimeout(timeout)
+        tune(sock)
+        reader = codec.FrameReader()
+        frame: Any = None
+        while frame is None:
+            data = sock.recv(RECV_SIZE)
+            if not data:
+                raise ChannelClosed("a producer disconnected during the handshake")
+            reader.feed(data)
+            frame = reader.next_frame()
+        kind, payload = frame
+        cid = codec.unpack(payload)
+        if kind != codec.FrameKind.HELLO or cid not in expected or cid in channels:
+            raise ChannelClosed(f"unexpected handshake on a data connection: {cid!r}")
+        sock.settimeout(None)
+        channels[cid] = InputChannel(cid, sock, reader, expected[cid])
+    return channels

@@ -1,0 +1,64 @@
+"""The worker's end of the control connection to the driver (coordinator).
+
+Sends may come from the task thread and the snapshot-writer thread, so they are locked.
+Receives happen only on the task thread.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections import deque
+
+from .. import codec, messages
+from .channel import RECV_SIZE
+
+
+class DriverGone(Exception):
+    """The driver closed the control connection: the worker must stop."""
+
+
+class ControlLink:
+    def __init__(self, address: tuple[str, int]):
+        self.sock = socket.create_connection(address)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = codec.FrameReader()
+        self._lock = threading.Lock()
+        self.inbox: deque[messages.Message] = deque()
+
+    def send(self, msg: messages.Message) -> None:
+        data = messages.encode(msg)
+        with self._lock:
+            self.sock.sendall(data)
+
+    def _drain_reader(self) -> None:
+        while (f := self.reader.next_frame()) is not None:
+            self.inbox.append(messages.decode(f[1]))
+
+    def fill(self) -> None:
+        data = self.sock.recv(RECV_SIZE)
+        if not data:
+            raise DriverGone("the driver closed the control connection")
+        self.reader.feed(data)
+        self._drain_reader()
+
+    def poll(self) -> list[messages.Message]:
+        """Every message that has arrived, without blocking."""
+        self.sock.setblocking(False)
+        try:
+            while True:
+                try:
+                    self.fill()
+                except (BlockingIOError, InterruptedError):
+                    break
+        finally:
+            self.sock.setblocking(True)
+        out = list(self.inbox)
+        self.inbox.clear()
+        return out
+
+    def receive(self) -> messages.Message:
+        """Block until a message arrives; return the oldest one."""
+        while not self.inbox:
+            self.fill()
+        return self.inbox.popleft()

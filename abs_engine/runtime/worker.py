@@ -1,0 +1,154 @@
+"""Worker process entry point: ``python -m abs_engine.runtime.worker HOST PORT TASK GENERATION``.
+
+Life of a worker: open a data listener -> connect to the driver and say Hello -> receive
+Deploy (plan as data, operators as cloudpickled code) -> build the chain -> restore its
+state from the checkpoint named in Deploy (checksum verified) -> connect output channels,
+accept input channels -> Running -> run the task until the job's final commit or until
+the driver goes away. Any failure is reported as Failed (with the user's traceback and the
+operator's name) before the process exits with status 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sys
+import traceback
+from typing import Any
+
+from .. import codec, messages
+from ..errors import CheckpointError, CheckpointErrorReason
+from ..plan import Plan
+from .channel import OutputChannel, accept_inputs
+from .control import ControlLink, DriverGone
+from .task import OperatorFailure, Output, SnapshotWriter, Task
+
+CONNECT_TIMEOUT = 60.0
+
+
+def _load_state(restore: dict[str, Any]) -> dict[str, Any]:
+    path = restore["path"]
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except OSError as e:
+        raise CheckpointError(CheckpointErrorReason.MISSING_FILE, f"cannot read state file {path}: {e}") from e
+    if hashlib.sha256(blob).hexdigest() != restore["sha256"]:
+        raise CheckpointError(CheckpointErrorReason.CHECKSUM_MISMATCH, f"state file {path} fails its checksum")
+    doc = codec.unpack(blob)
+    return {name: codec.unpack(data) for name, data in doc["operators"].items()}
+
+
+def _run(control: ControlLink, listener: socket.socket, task_id: str, generation: int) -> None:
+    deploy = control.receive()
+    if not isinstance(deploy, messages.Deploy):
+        raise RuntimeError(f"expected Deploy, got {deploy!r}")
+    import cloudpickle  # code only: the user's operators and key functions
+
+    from operators.base import OperatorContext
+
+    plan = Plan.from_dict(deploy.plan)
+    spec = plan.task(task_id)
+    chain = plan.chain(spec.chain)
+    code = cloudpickle.loads(deploy.code)
+    templates, key_fns = code["ops"], code["keys"]
+    restored = deploy.restore is not None
+
+    def ctx(name: str) -> Any:
+        return OperatorContext(name, spec.index, spec.parallelism, generation, restored)
+
+    names = list(chain.operators)
+    source = None
+    source_name = None
+    if chain.is_source:
+        source_name = names.pop(0)
+        source = templates[source_name]
+    ops = [templates[n] for n in names]
+    current = source_name or (names[0] if names else task_id)
+    try:
+        if source is not None:
+            current = source_name
+            source.open(ctx(source_name))
+        for n, op in zip(names, ops):
+            current = n
+            op.open(ctx(n))
+        if deploy.restore is not None:
+            states = _load_state(deploy.restore)
+            for n, op in ([(source_name, source)] if source is not None else []) + list(zip(names, ops)):
+                current = n
+                if n in states:
+                    op.restore(states[n])
+            if deploy.restore_final:
+                # The final checkpoint completed: commit what it holds (idempotent) and stop.
+                for n, op in ([(source_name, source)] if source is not None else []) + list(zip(names, ops)):
+                    current = n
+                    op.notify_checkpoint_complete(deploy.restore["checkpoint_id"])
+                control.send(messages.Committed(task_id))
+                return
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise OperatorFailure(current) from e
+
+    tail = names[-1] if names else source_name
+    outputs = []
+    for o in spec.outputs:
+        chans = []
+        for cid in o.channels:
+            consumer = cid.split("->", 1)[1]
+            chans.append(OutputChannel(cid, deploy.peers[consumer]))
+        outputs.append(Output(o, chans, key_fns.get(o.key_operator), tail))
+    inputs = accept_inputs(listener, {c.id: c.back_edge for c in spec.inputs}, CONNECT_TIMEOUT)
+    listener.close()
+
+    def writer_failed(e: BaseException) -> None:
+        _report(control, task_id, "<checkpoint writer>", "".join(traceback.format_exception(e)), False)
+        os._exit(1)
+
+    writer = SnapshotWriter(control, task_id, writer_failed)
+    task = Task(spec, names, ops, source, source_name, outputs, inputs, control, writer, deploy.checkpoint_dir)
+    control.send(messages.Running(task_id))
+    task.run()
+    writer.flush()
+
+
+def _report(control: ControlLink, task: str, operator: str, tb: str, fatal: bool) -> None:
+    try:
+        control.send(messages.Failed(task, operator, tb, fatal))
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    host, port, task_id, generation = (argv or sys.argv[1:])[:4]
+    control = ControlLink((host, int(port)))
+    if os.environ.get("PYTHONHASHSEED") in (None, "", "random"):
+        _report(control, task_id, "<worker>", "PYTHONHASHSEED is not fixed: hash partitioning would differ "
+                "between workers. Start workers through an abs-engine executor (it sets it).", True)
+        return 1
+    os.environ["ABS_ENGINE_ATTEMPT"] = generation  # read by abs_engine.testing.fail_at
+    listener = socket.create_server((host, 0), backlog=256)
+    control.send(messages.Hello(task_id, int(generation), host, listener.getsockname()[1], os.getpid()))
+    try:
+        _run(control, listener, task_id, int(generation))
+        return 0
+    except DriverGone:
+        return 1
+    except OperatorFailure as e:
+        cause = e.__cause__ or e
+        _report(control, task_id, e.operator, "".join(traceback.format_exception(cause)), e.fatal)
+        return 1
+    except CheckpointError as e:
+        _report(control, task_id, "<restore>", "".join(traceback.format_exception(e)), False)
+        return 1
+    except BaseException as e:  # noqa: BLE001 - anything else is reported, then we die
+        _report(control, task_id, "<runtime>", "".join(traceback.format_exception(e)), False)
+        return 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,140 @@
+"""Testing kit for users' tests and ours (in the spirit of bytewax.testing).
+
+- ``TestingSource(items)``: a replayable in-memory source; offsets are list indices.
+  Put ``TestingSource.ABORT`` in the list to crash the worker (SIGKILL of itself) the
+  first time that point is reached, in the job's first attempt.
+- ``CapturingSink(directory)``: an exactly-once sink (two-phase commit, like FileSink)
+  whose committed records you read back with ``records()``.
+- ``fail_at(n, kind)``: a map function that raises (or SIGKILLs its own worker) at the
+  n-th record it sees in the first attempt; after recovery it lets records through.
+- ``RandomKills(times, seed)``: the driver SIGKILLs a random live worker at each of the
+  given moments (seconds after the job started). Pass as ``chaos=`` to ``run``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from typing import Any, Callable, Iterable
+
+from operators.base import OperatorContext, Source
+from operators.files import FileSink
+
+from . import codec
+
+
+class _Abort:
+    def __repr__(self) -> str:
+        return "TestingSource.ABORT"
+
+
+class TestingSource(Source):
+    ABORT = _Abort()
+
+    def __init__(self, items: Iterable[Any], batch_size: int = 100):
+        self.items = list(items)
+        self.batch_size = batch_size
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        # Subtask i of p owns items i, i+p, i+2p, ... ; its offset counts its own items.
+        self.mine = self.items[ctx.subtask_index :: ctx.parallelism]
+        self.pos = 0
+
+    def read_batch(self) -> list[Any] | None:
+        if self.pos >= len(self.mine):
+            return None
+        batch = self.mine[self.pos : self.pos + self.batch_size]
+        for i, item in enumerate(batch):
+            if item is TestingSource.ABORT:
+                if self.ctx.attempt == 0:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                batch = batch[:i] + batch[i + 1 :]
+                self.pos += 1
+                break
+        self.pos += len(batch)
+        return batch
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        return self.pos
+
+    def restore(self, state: Any) -> None:
+        self.pos = int(state)
+
+
+def _msgpack_line(record: Any) -> str:
+    return codec.pack(record).hex()
+
+
+class CapturingSink(FileSink):
+    """Commits records exactly once into ``directory``; ``records()`` reads them back."""
+
+    def __init__(self, directory: str | os.PathLike[str]):
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        super().__init__(os.path.join(directory, "captured"), format=_msgpack_line, directory=True)
+
+    def records(self) -> list[Any]:
+        out: list[Any] = []
+        base = self.path
+        if not os.path.isdir(base):
+            return out
+        for name in sorted(os.listdir(base)):
+            with open(os.path.join(base, name)) as f:
+                out += [codec.unpack(bytes.fromhex(line)) for line in f.read().splitlines()]
+        return out
+
+
+def fail_at(n: int, kind: str = "raise", attempts: tuple[int, ...] = (0,)) -> Callable[[Any], Any]:
+    """A map function (use with ``.map(...)``) that fails at its n-th record (1-based) in
+    the given attempts: ``kind="raise"`` raises RuntimeError, ``kind="kill"`` SIGKILLs the
+    worker process it runs in. Counting is per subtask and restarts with the process."""
+    if kind not in ("raise", "kill"):
+        raise ValueError("kind must be 'raise' or 'kill'")
+    state = {"seen": 0, "attempt": None}
+
+    def check(record: Any) -> Any:
+        state["seen"] += 1
+        if state["seen"] == n and _current_attempt() in attempts:
+            if kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"injected failure at record {n}: {record!r}")
+        return record
+
+    check.__name__ = f"fail_at_{n}"
+    return check
+
+
+def _current_attempt() -> int:
+    return int(os.environ.get("ABS_ENGINE_ATTEMPT", "0"))
+
+
+class RandomKills:
+    """SIGKILL a random live worker at each moment in ``times`` (seconds after job start)."""
+
+    def __init__(self, times: Iterable[float], seed: int = 0):
+        self.times = sorted(times)
+        self.rng = random.Random(seed)
+        self.killed: list[str] = []
+
+    @classmethod
+    def uniform(cls, count: int, within: float, seed: int = 0, start: float = 0.0) -> "RandomKills":
+        rng = random.Random(seed)
+        return cls([rng.uniform(start, within) for _ in range(count)], seed)
+
+    def next_due(self) -> float | None:
+        return self.times[0] if self.times else None
+
+    def poll(self, elapsed: float, pids: dict[str, int]) -> str | None:
+        """Kill one worker if a moment has come; returns the task killed."""
+        if not self.times or elapsed < self.times[0] or not pids:
+            return None
+        self.times.pop(0)
+        task = self.rng.choice(sorted(pids))
+        try:
+            os.kill(pids[task], signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        self.killed.append(task)
+        return task

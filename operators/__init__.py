@@ -1,0 +1,26 @@
+"""The operator library of abs-engine: the ABCs and the built-in operators.
+
+Operators never import the runtime or the executors: they see only an OperatorContext.
+"""
+
+from .base import Operator, OperatorContext, Sink, Source
+from .basic import Filter, FlatMap, Identity, Map
+from .files import FileSink, TextFileSource
+from .keyed import Count, CountFinal, Reduce, ReduceFinal
+
+__all__ = [
+    "Operator",
+    "OperatorContext",
+    "Source",
+    "Sink",
+    "Map",
+    "FlatMap",
+    "Filter",
+    "Identity",
+    "Count",
+    "CountFinal",
+    "Reduce",
+    "ReduceFinal",
+    "TextFileSource",
+    "FileSink",
+]

@@ -1,0 +1,93 @@
+"""The operator ABCs.
+
+An operator processes whole batches (lists of records) and returns a list of output
+records: one Python call per batch per operator, never one per record per hop.
+
+Checkpoint contract (ABS): ``snapshot(checkpoint_id)`` is called when the task has seen
+barrier ``checkpoint_id`` on all its inputs and before it forwards the barrier; it returns
+msgpack-encodable state that reflects exactly the records processed before the barrier.
+``restore(state)`` is called instead of starting from scratch after a failure.
+``notify_checkpoint_complete(id)`` tells the operator that every task's snapshot for ``id``
+is durable (side effects such as publishing output may happen then, and must be
+idempotent: after a crash the notification may come again, or restore() may come first).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class OperatorContext:
+    operator: str  #: the operator's name in the dataflow
+    subtask_index: int
+    parallelism: int
+    attempt: int  #: 0 for the first run of the job, +1 on every restart
+    restored: bool  #: state will be (or was) restored from a checkpoint
+
+
+class Operator(ABC):
+    """A transformation of batches. Stateless unless snapshot/restore are overridden."""
+
+    def open(self, ctx: OperatorContext) -> None:
+        self.ctx = ctx
+
+    @abstractmethod
+    def process(self, batch: list[Any]) -> list[Any]:
+        """Consume a batch, return the records to emit (possibly an empty list)."""
+
+    def finish(self) -> list[Any]:
+        """End of input on every input channel: emit final results (bounded jobs)."""
+        return []
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        return None
+
+    def restore(self, state: Any) -> None:
+        pass
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Source(ABC):
+    """A replayable source: ``snapshot`` returns the read offset, ``restore`` rewinds to it."""
+
+    #: A source that reports this many records per read_batch is fine; batches should be
+    #: large enough (thousands of records) to amortise the per-batch cost downstream.
+
+    def open(self, ctx: OperatorContext) -> None:
+        self.ctx = ctx
+
+    def check(self) -> None:
+        """Called in the driver before the job starts: raise InputError for a missing input."""
+
+    @abstractmethod
+    def read_batch(self) -> list[Any] | None:
+        """Return the next batch (may be empty), or None when the input is exhausted."""
+
+    @abstractmethod
+    def snapshot(self, checkpoint_id: int) -> Any:
+        """The read offset: everything before it has been emitted."""
+
+    @abstractmethod
+    def restore(self, state: Any) -> None:
+        """Rewind to an offset returned by snapshot()."""
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Sink(Operator):
+    """An operator at the end of the graph: it emits nothing downstream."""
+
+    def check(self) -> None:
+        """Called in the driver before the job starts: raise InputError for an unusable output."""
