@@ -138,3 +138,24 @@ class RandomKills:
             return None
         self.killed.append(task)
         return task
+
+
+def write_zipf_corpus(path: str | os.PathLike[str], words: int, vocabulary: int = 10_000,
+                      seed: int = 0, words_per_line: int = 12) -> str:
+    """Write a text file of ``words`` words drawn from a Zipf(1) law over ``vocabulary``
+    distinct words, ``words_per_line`` to a line. Deterministic for a given seed."""
+    import itertools
+
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(vocabulary)]
+    cum = list(itertools.accumulate(1.0 / (i + 1) for i in range(vocabulary)))
+    path = os.fspath(path)
+    with open(path, "w", encoding="utf-8") as f:
+        left = words
+        while left > 0:
+            chunk = min(left, words_per_line * 1000)
+            drawn = rng.choices(vocab, cum_weights=cum, k=chunk)
+            f.write("\n".join(" ".join(drawn[i : i + words_per_line]) for i in range(0, chunk, words_per_line)))
+            f.write("\n")
+            left -= chunk
+    return path

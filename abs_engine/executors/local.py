@@ -239,7 +239,8 @@ class LocalExecutor:
     def _check_alive(self, workers: dict[str, Worker]) -> None:
         for w in workers.values():
             code = w.proc.poll()
-            if code is not None and not (code == 0 and w.committed):
+            # Status 0 is judged on the control connection: EOF before Committed is a failure.
+            if code is not None and code != 0:
                 how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
                 raise WorkerFailure(w.task, None, f"worker process {w.proc.pid} {how}")
 

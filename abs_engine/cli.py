@@ -1,0 +1,135 @@
+"""The ``abs-engine`` command line.
+
+    abs-engine plan FILE.py                      print the compiled plan, back-edges marked
+    abs-engine checkpoints list DIR              list the checkpoints stored in DIR
+    abs-engine checkpoints show DIR [ID] --json  one checkpoint (default: newest), state decoded
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import sys
+from typing import Any
+
+from .api import Dataflow
+from .checkpoint.storage import CheckpointStorage
+from .errors import AbsEngineError, CheckpointError, CheckpointErrorReason
+
+
+def load_flow(path: str) -> Dataflow:
+    """A Dataflow from a Python file: its ``build_flow()`` function, else a module-level Dataflow."""
+    ns = runpy.run_path(path, run_name="__abs_engine_plan__")
+    if callable(ns.get("build_flow")):
+        flow = ns["build_flow"]()
+        if isinstance(flow, Dataflow):
+            return flow
+    flows = [v for v in ns.values() if isinstance(v, Dataflow)]
+    if len(flows) != 1:
+        raise SystemExit(
+            f"{path}: define build_flow() returning a Dataflow, or exactly one module-level Dataflow "
+            f"(found {len(flows)})"
+        )
+    return flows[0]
+
+
+def jsonable(obj: Any) -> Any:
+    """msgpack-decoded state as JSON: tuples become lists, bytes become text (or hex)."""
+    if isinstance(obj, dict):
+        return {k if isinstance(k, str) else json.dumps(jsonable(k)): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, bytes):
+        try:
+            return {"$text": obj.decode("utf-8")}
+        except UnicodeDecodeError:
+            return {"$hex": obj.hex()}
+    return obj
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    print(load_flow(args.file).explain())
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    storage = CheckpointStorage(args.dir)
+    ids = storage.ids_on_disk()
+    if not ids:
+        print(f"no checkpoints in {storage.root}")
+        return 0
+    print(f"{'id':>6}  {'created':19}  {'final':5}  {'tasks':>5}  {'bytes':>12}  {'took ms':>8}  status")
+    for cid in ids:
+        try:
+            storage.verify(cid)
+            d = storage.describe(cid)
+            print(f"{cid:>6}  {d['created']:19}  {str(d['final']):5}  {d['tasks']:>5}  {d['bytes']:>12,}  "
+                  f"{d['duration_ms']:>8}  ok")
+        except CheckpointError as e:
+            print(f"{cid:>6}  {'':19}  {'':5}  {'':>5}  {'':>12}  {'':>8}  INVALID: {e.reason.value}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    storage = CheckpointStorage(args.dir)
+    cid = args.id
+    if cid is None:
+        meta, _ = storage.latest_valid()
+        if meta is None:
+            raise CheckpointError(CheckpointErrorReason.NOT_FOUND, f"no valid checkpoint in {storage.root}")
+        cid = meta.checkpoint_id
+    meta = storage.verify(cid)
+    doc = {
+        **storage.describe(cid),
+        "job": meta.job,
+        "fingerprint": meta.fingerprint,
+        "tasks": {
+            t: {"file": e.file, "bytes": e.size, "sha256": e.sha256,
+                "alignment_ms": round(meta.alignment_ms.get(t, 0.0), 3),
+                "state": jsonable(storage.read_state(cid, t))}
+            for t, e in sorted(meta.tasks.items())
+        },
+    }
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(f"checkpoint {cid} of job {meta.job!r}: {doc['created']}, final={meta.final}, {doc['bytes']:,} bytes")
+        for t, info in doc["tasks"].items():
+            print(f"  {t}: {info['bytes']:,} bytes, alignment {info['alignment_ms']} ms")
+            for op, state in info["state"].items():
+                text = json.dumps(state)
+                print(f"    {op}: {text[:200]}{'...' if len(text) > 200 else ''}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="abs-engine", description="abs-engine: stream dataflows with ABS checkpoints")
+    sub = p.add_subparsers(dest="command", required=True)
+    pp = sub.add_parser("plan", help="print the compiled plan of a dataflow file")
+    pp.add_argument("file", help="a Python file defining build_flow() or a module-level Dataflow")
+    pp.set_defaults(fn=cmd_plan)
+    cp = sub.add_parser("checkpoints", help="inspect stored checkpoints")
+    csub = cp.add_subparsers(dest="action", required=True)
+    cl = csub.add_parser("list", help="list checkpoints in DIR")
+    cl.add_argument("dir")
+    cl.set_defaults(fn=cmd_list)
+    cs = csub.add_parser("show", help="show one checkpoint (default: the newest valid one)")
+    cs.add_argument("dir")
+    cs.add_argument("id", nargs="?", type=int)
+    cs.add_argument("--json", action="store_true", help="machine-readable output")
+    cs.set_defaults(fn=cmd_show)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except AbsEngineError as e:
+        print(f"abs-engine: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
