@@ -30,6 +30,7 @@ class _Abort:
 
 
 class TestingSource(Source):
+    __test__ = False  # not a pytest test class
     ABORT = _Abort()
 
     def __init__(self, items: Iterable[Any], batch_size: int = 100):

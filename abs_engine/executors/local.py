@@ -333,7 +333,38 @@ class LocalExecutor:
         elif isinstance(msg, messages.Committed):
             w.committed = True
         elif isinstance(msg, messages.Failed):
+            if msg.operator.startswith("<upstream") or msg.operator == "<downstream>":
+                suspect = msg.operator[len("<upstream:"):-1] if msg.operator.startswith("<upstream:") else None
+                self._root_cause(workers, exclude=msg.task, suspect=suspect)
             raise WorkerFailure(msg.task, msg.operator, "raised an exception", msg.traceback, msg.fatal)
+
+    def _root_cause(self, workers: dict[str, Worker], exclude: str, suspect: str | None) -> None:
+        """A task lost a peer: raise the failure of the worker that really died, if any.
+
+        Its own Failed message (a user exception) wins over a bare exit status."""
+        candidates = [w for w in workers.values() if w.task != exclude and not w.committed
+                      and (suspect is None or w.task == suspect)]
+        deadline = time.monotonic() + 2.0
+        dead: list[tuple[Worker, int]] = []
+        while not dead and time.monotonic() < deadline:
+            dead = [(w, c) for w in candidates if (c := w.proc.poll()) is not None and c != 0]
+            if not dead:
+                time.sleep(0.005)  # reaping a process that is dying; bounded by the deadline
+        for w, code in dead:
+            if w.sock is None:
+                continue
+            w.sock.setblocking(False)
+            try:
+                while data := w.sock.recv(1 << 20):
+                    w.reader.feed(data)
+            except OSError:
+                pass
+            while (frame := w.reader.next_frame()) is not None:
+                m = messages.decode(frame[1])
+                if isinstance(m, messages.Failed) and not m.operator.startswith("<"):
+                    raise WorkerFailure(m.task, m.operator, "raised an exception", m.traceback, m.fatal)
+            how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+            raise WorkerFailure(w.task, None, f"worker process {w.proc.pid} {how}")
 
     def _print_progress(self, coord: CheckpointCoordinator) -> None:
         elapsed = time.monotonic() - self.started

@@ -42,6 +42,10 @@ class OutputChannel:
 class ChannelClosed(Exception):
     """The producer's end disconnected before end of stream: it died."""
 
+    def __init__(self, message: str, producer: str | None = None):
+        super().__init__(message)
+        self.producer = producer
+
 
 class InputChannel:
     __slots__ = ("id", "sock", "reader", "back_edge", "ended")
@@ -57,7 +61,9 @@ class InputChannel:
         """Read what the socket has (call when it is readable)."""
         data = self.sock.recv(RECV_SIZE)
         if not data:
-            raise ChannelClosed(f"input channel {self.id} closed before end of stream (its producer died)")
+            raise ChannelClosed(
+                f"input channel {self.id} closed before end of stream (its producer died)", self.id.split("->")[0]
+            )
         self.reader.feed(data)
 
     def next_frame(self) -> tuple[int, bytes] | None:

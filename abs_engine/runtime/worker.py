@@ -20,7 +20,7 @@ from typing import Any
 from .. import codec, messages
 from ..errors import CheckpointError, CheckpointErrorReason
 from ..plan import Plan
-from .channel import OutputChannel, accept_inputs
+from .channel import ChannelClosed, OutputChannel, accept_inputs
 from .control import ControlLink, DriverGone
 from .task import OperatorFailure, Output, SnapshotWriter, Task
 
@@ -138,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     except OperatorFailure as e:
         cause = e.__cause__ or e
         _report(control, task_id, e.operator, "".join(traceback.format_exception(cause)), e.fatal)
+        return 1
+    except ChannelClosed as e:
+        # Collateral damage: the driver attributes the failure to the producer that died.
+        _report(control, task_id, f"<upstream:{e.producer}>", str(e), False)
+        return 1
+    except (BrokenPipeError, ConnectionResetError) as e:
+        _report(control, task_id, "<downstream>", str(e), False)
         return 1
     except CheckpointError as e:
         _report(control, task_id, "<restore>", "".join(traceback.format_exception(e)), False)

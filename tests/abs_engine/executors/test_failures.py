@@ -1,0 +1,104 @@
+"""Bad input gets a clear, typed error naming the problem and the operator, never a hang."""
+
+from __future__ import annotations
+
+import pytest
+
+from abs_engine import CheckpointError, Dataflow, InputError, JobFailed
+from abs_engine.errors import CheckpointErrorReason
+from abs_engine.testing import CapturingSink, TestingSource
+from operators import FileSink, TextFileSource
+from operators.keyed import CountFinal
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+
+
+def test_missing_input_file_fails_before_starting_workers(tmp_path):
+    flow = Dataflow("wc")
+    flow.source(TextFileSource(tmp_path / "nope.txt")).sink(FileSink(tmp_path / "out"))
+    with pytest.raises(InputError, match="nope.txt"):
+        flow.run()
+
+
+def test_output_directory_missing(tmp_path, small_corpus):
+    flow = Dataflow("wc")
+    flow.source(TextFileSource(small_corpus)).sink(FileSink(tmp_path / "no" / "such" / "out.tsv"))
+    with pytest.raises(InputError, match="does not exist"):
+        flow.run()
+
+
+def boom(x):
+    if x == 3:
+        return 1 // 0
+    return x
+
+
+def test_user_function_that_always_raises_fails_with_its_traceback(tmp_path):
+    flow = Dataflow("raises")
+    flow.source(TestingSource(range(10))).map(boom, name="divide").sink(CapturingSink(tmp_path / "c"))
+    with pytest.raises(JobFailed) as ei:
+        flow.run(restart_attempts=2, restart_delay=0)
+    err = ei.value
+    assert err.operator == "divide"
+    assert "ZeroDivisionError" in str(err) and "1 // 0" in str(err)
+    assert "divide" in str(err) and "restart attempts exhausted" in str(err)
+
+
+class OpaqueState(CountFinal):
+    def snapshot(self, checkpoint_id):
+        return {"counts": object()}
+
+
+def test_state_msgpack_cannot_encode_fails_at_once_naming_the_operator(tmp_path):
+    flow = Dataflow("badstate")
+    flow.source(TestingSource(["a", "b", "a"])).key_by().apply_keyed(OpaqueState(), name="opaque").sink(
+        CapturingSink(tmp_path / "c")
+    )
+    with pytest.raises(JobFailed) as ei:
+        flow.run(restart_attempts=5, restart_delay=0)
+    assert ei.value.operator == "opaque"
+    assert "cannot be serialised with msgpack" in str(ei.value)
+    assert "cannot be retried" in str(ei.value)  # deterministic: no pointless restarts
+
+
+def test_record_msgpack_cannot_encode_fails_naming_the_producer(tmp_path):
+    flow = Dataflow("badrecord", parallelism=1)
+    flow.source(TestingSource([1, 2, 3])).map(lambda x: object(), name="make_object").rebalance().map(
+        str, parallelism=2
+    ).sink(CapturingSink(tmp_path / "c"))
+    with pytest.raises(JobFailed) as ei:
+        flow.run(restart_attempts=5, restart_delay=0)
+    assert ei.value.operator == "make_object"
+    assert "a record of operator 'make_object' cannot be serialised" in str(ei.value)
+
+
+def test_checkpoint_directory_of_another_run_is_refused(tmp_path):
+    ck = tmp_path / "ck"
+    flow = Dataflow("a")
+    flow.source(TestingSource(range(100))).sink(CapturingSink(tmp_path / "c"))
+    flow.run(checkpoint_dir=str(ck))
+    with pytest.raises(CheckpointError) as ei:
+        flow.run(checkpoint_dir=str(ck))
+    assert ei.value.reason is CheckpointErrorReason.DIRECTORY_NOT_EMPTY
+    assert "resume" in str(ei.value)
+
+
+def test_resume_into_a_different_plan_is_refused(tmp_path):
+    ck = tmp_path / "ck"
+    flow = Dataflow("a", parallelism=1)
+    flow.source(TestingSource(range(100))).sink(CapturingSink(tmp_path / "c"))
+    flow.run(checkpoint_dir=str(ck))
+    other = Dataflow("a", parallelism=2)
+    other.source(TestingSource(range(100))).sink(CapturingSink(tmp_path / "d"))
+    with pytest.raises(CheckpointError) as ei:
+        other.run(checkpoint_dir=str(ck), resume=True)
+    assert ei.value.reason is CheckpointErrorReason.PLAN_MISMATCH
+
+
+def test_bad_config_values_are_rejected():
+    flow = Dataflow("a")
+    flow.source(TestingSource([1])).sink(FileSink("/tmp/x"))
+    with pytest.raises(ValueError, match="mode"):
+        flow.run(mode="sometimes")
+    with pytest.raises(ValueError, match="checkpoint_interval"):
+        flow.run(checkpoint_interval=0)
