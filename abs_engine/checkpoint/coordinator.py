@@ -75,7 +75,8 @@ class CheckpointCoordinator:
     def deadline(self) -> float | None:
         """When poll() next has something to do (None: only on messages)."""
         times = [p.started + self.timeout for p in self.pending.values()]
-        if self.next_trigger_at is not None and not self.all_finished:
+        # A due trigger is only actionable below the in-flight limit (else: busy loop).
+        if self.next_trigger_at is not None and not self.all_finished and len(self.pending) < self.max_in_flight:
             times.append(self.next_trigger_at)
         return min(times) if times else None
 

@@ -72,6 +72,16 @@ class Metadata:
         )
 
 
+def decode_state(blob: bytes, path: str) -> dict[str, Any]:
+    """A task's state file -> {operator: decoded state}. Raises CORRUPT_STATE, not msgpack errors."""
+    try:
+        doc = codec.unpack(blob)
+        return {name: codec.unpack(data) for name, data in doc["operators"].items()}
+    except Exception as e:
+        raise CheckpointError(CheckpointErrorReason.CORRUPT_STATE,
+                              f"state file {path} passes its checksum but cannot be decoded ({e})") from e
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -119,7 +129,7 @@ class CheckpointStorage:
         _fsync_dir(d)
         return final
 
-    def prune(self, keep_from: int | None = None) -> list[int]:
+    def prune(self) -> list[int]:
         """Keep the newest ``retain`` completed checkpoints; delete older ones and orphans
         (directories without metadata) older than the newest completed one."""
         completed = self.completed_ids()
@@ -157,6 +167,8 @@ class CheckpointStorage:
             doc = codec.unpack(raw)
             if doc.get("magic") != MAGIC:
                 raise ValueError("bad magic")
+            if doc.get("version") != FORMAT_VERSION:
+                raise ValueError(f"format version {doc.get('version')!r}, this engine reads {FORMAT_VERSION}")
             body = doc["body"]
             if hashlib.sha256(body).hexdigest() != doc["sha256"]:
                 raise ValueError("metadata checksum mismatch")
@@ -209,9 +221,9 @@ class CheckpointStorage:
         """Decoded per-operator state of one task (verified against the metadata)."""
         meta = self.verify(checkpoint_id)
         entry = meta.tasks[task]
-        with open(os.path.join(self.dir_of(checkpoint_id), entry.file), "rb") as f:
-            doc = codec.unpack(f.read())
-        return {name: codec.unpack(data) for name, data in doc["operators"].items()}
+        path = os.path.join(self.dir_of(checkpoint_id), entry.file)
+        with open(path, "rb") as f:
+            return decode_state(f.read(), path)
 
     def describe(self, checkpoint_id: int) -> dict[str, Any]:
         meta = self.load_metadata(checkpoint_id)

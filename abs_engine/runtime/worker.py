@@ -17,7 +17,8 @@ import sys
 import traceback
 from typing import Any
 
-from .. import codec, messages
+from .. import messages
+from ..checkpoint.storage import decode_state
 from ..errors import CheckpointError, CheckpointErrorReason
 from ..plan import Plan
 from .channel import ChannelClosed, OutputChannel, accept_inputs
@@ -36,8 +37,7 @@ def _load_state(restore: dict[str, Any]) -> dict[str, Any]:
         raise CheckpointError(CheckpointErrorReason.MISSING_FILE, f"cannot read state file {path}: {e}") from e
     if hashlib.sha256(blob).hexdigest() != restore["sha256"]:
         raise CheckpointError(CheckpointErrorReason.CHECKSUM_MISMATCH, f"state file {path} fails its checksum")
-    doc = codec.unpack(blob)
-    return {name: codec.unpack(data) for name, data in doc["operators"].items()}
+    return decode_state(blob, path)
 
 
 def _run(control: ControlLink, listener: socket.socket, task_id: str, generation: int) -> None:

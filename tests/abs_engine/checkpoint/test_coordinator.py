@@ -267,10 +267,6 @@ def test_deadline_is_earliest_of_timeout_and_next_trigger(storage, clock):
     assert c2.deadline() == pytest.approx(109.0)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: coordinator.py deadline() includes next_trigger_at even when "
-                   "max_in_flight checkpoints are pending, so poll() has nothing to do at that time; the "
-                   "deadline lies in the past and the executor's select loop spins with timeout 0 until "
-                   "the in-flight checkpoint completes")
 def test_deadline_is_not_in_the_past_while_in_flight_limit_is_reached(storage, clock):
     c = make(storage, clock, interval=1.0, timeout=5.0)
     clock.advance(1)  # t=101

@@ -1,0 +1,216 @@
+"""The abs-engine command line: plan, checkpoints list, checkpoints show."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from abs_engine import codec
+from abs_engine.checkpoint.storage import METADATA, CheckpointStorage, FileEntry, Metadata
+from abs_engine.cli import jsonable, main
+
+ROOT = Path(__file__).resolve().parents[2]
+WORDCOUNT = ROOT / "examples" / "wordcount.py"
+
+
+def make_checkpoint(storage: CheckpointStorage, cid: int, states: dict[str, dict], final: bool = False,
+                    job: str = "wc") -> Metadata:
+    tasks = {}
+    for task, ops in states.items():
+        blob = codec.pack({"task": task, "checkpoint_id": cid,
+                           "operators": {name: codec.pack(s) for name, s in ops.items()}})
+        os.makedirs(storage.dir_of(cid), exist_ok=True)
+        with open(os.path.join(storage.dir_of(cid), f"{task}.state"), "wb") as f:
+            f.write(blob)
+        tasks[task] = FileEntry(f"{task}.state", len(blob), hashlib.sha256(blob).hexdigest())
+    meta = Metadata(cid, job, "fp-123", 1_700_000_000.0, final, tasks,
+                    {t: 1.23456 for t in tasks}, 42.0)
+    storage.write_metadata(meta)
+    return meta
+
+
+STATES = {
+    "read#0": {"read": 1024, "split": None},
+    "count#0": {"count": {"apple": 3, "pear": 1, 7: 2}},
+    "write#0": {"write": {"published": 6, "pending": [(2, b"a\t3\n"), (3, b"\xff\xfe")]}},
+}
+
+
+@pytest.fixture
+def ckdir(tmp_path) -> tuple[str, CheckpointStorage]:
+    d = str(tmp_path / "ck")
+    s = CheckpointStorage(d)
+    make_checkpoint(s, 1, STATES)
+    make_checkpoint(s, 2, STATES, final=True)
+    return d, s
+
+
+# ---- plan ---------------------------------------------------------------------------------
+
+
+def test_plan_prints_chains_and_partitioning(capsys):
+    assert main(["plan", str(WORDCOUNT)]) == 0
+    out = capsys.readouterr().out
+    assert "job 'wordcount'" in out
+    assert "chains" in out
+    assert "read [TextFileSource] -> split" in out  # source and flat_map are fused
+    assert "count" in out and "write [FileSink]" in out
+    assert "split -> count  [hash]" in out
+    assert "read#1" in out and "write#0" in out
+
+
+def test_plan_of_a_file_without_a_dataflow(tmp_path):
+    f = tmp_path / "empty_flow.py"
+    f.write_text("x = 1\n")
+    with pytest.raises(SystemExit) as ei:
+        main(["plan", str(f)])
+    assert "build_flow" in str(ei.value.code)
+
+
+def test_no_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as ei:
+        main([])
+    assert ei.value.code == 2
+    assert "usage" in capsys.readouterr().err
+
+
+# ---- checkpoints list ------------------------------------------------------------------------
+
+
+def test_list(ckdir, capsys):
+    d, s = ckdir
+    assert main(["checkpoints", "list", d]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["id", "created"]
+    rows = {int(line.split()[0]): line for line in lines[1:]}
+    assert sorted(rows) == [1, 2]
+    assert rows[1].rstrip().endswith("ok") and "False" in rows[1]
+    assert rows[2].rstrip().endswith("ok") and "True" in rows[2]
+    size = sum(e.size for e in s.load_metadata(1).tasks.values())
+    assert f"{size:,}" in rows[1]
+    assert " 3 " in rows[1]  # tasks
+
+
+def test_list_marks_invalid_checkpoints(ckdir, capsys):
+    d, s = ckdir
+    make_checkpoint(s, 3, STATES)
+    make_checkpoint(s, 4, STATES)
+    with open(os.path.join(s.dir_of(2), "count#0.state"), "r+b") as f:
+        f.truncate(3)
+    os.remove(os.path.join(s.dir_of(3), "read#0.state"))
+    with open(os.path.join(s.dir_of(4), METADATA), "r+b") as f:
+        f.truncate(10)
+    os.makedirs(s.dir_of(5))  # in progress / crashed before the metadata
+    with open(os.path.join(s.dir_of(5), METADATA + ".tmp"), "wb") as f:
+        f.write(b"partial")
+    assert main(["checkpoints", "list", d]) == 0
+    rows = {int(line.split()[0]): line.rstrip() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows[1].endswith("ok")
+    assert rows[2].endswith("INVALID: checksum_mismatch")
+    assert rows[3].endswith("INVALID: missing_file")
+    assert rows[4].endswith("INVALID: corrupt_metadata")
+    assert rows[5].endswith("INVALID: missing_metadata")
+
+
+def test_list_empty_dir(tmp_path, capsys):
+    assert main(["checkpoints", "list", str(tmp_path)]) == 0
+    assert "no checkpoints" in capsys.readouterr().out
+
+
+# ---- checkpoints show ------------------------------------------------------------------------
+
+
+def test_show_json_newest(ckdir, capsys):
+    d, s = ckdir
+    assert main(["checkpoints", "show", d, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["checkpoint_id"] == 2
+    assert doc["final"] is True
+    assert doc["job"] == "wc"
+    assert doc["fingerprint"] == "fp-123"
+    assert doc["path"] == s.dir_of(2)
+    assert set(doc["tasks"]) == set(STATES)
+    meta = s.load_metadata(2)
+    assert doc["bytes"] == sum(e.size for e in meta.tasks.values())
+    read = doc["tasks"]["read#0"]
+    assert read["file"] == "read#0.state"
+    assert read["bytes"] == meta.tasks["read#0"].size
+    assert read["sha256"] == meta.tasks["read#0"].sha256
+    assert read["alignment_ms"] == 1.235
+    # state decoded per operator, made JSON-friendly
+    assert read["state"] == {"read": 1024, "split": None}
+    assert doc["tasks"]["count#0"]["state"] == {"count": {"apple": 3, "pear": 1, "7": 2}}
+    assert doc["tasks"]["write#0"]["state"] == {"write": {
+        "published": 6,
+        "pending": [[2, {"$text": "a\t3\n"}], [3, {"$hex": "fffe"}]],
+    }}
+
+
+def test_show_json_by_id(ckdir, capsys):
+    d, _ = ckdir
+    assert main(["checkpoints", "show", d, "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["checkpoint_id"] == 1 and doc["final"] is False
+
+
+def test_show_skips_invalid_newest(ckdir, capsys):
+    d, s = ckdir
+    os.remove(os.path.join(s.dir_of(2), "write#0.state"))
+    assert main(["checkpoints", "show", d, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint_id"] == 1
+
+
+def test_show_text(ckdir, capsys):
+    d, _ = ckdir
+    assert main(["checkpoints", "show", d]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("checkpoint 2 of job 'wc'")
+    assert "final=True" in out
+    assert "read#0:" in out and "read: 1024" in out
+    assert '"apple": 3' in out
+
+
+def test_show_text_truncates_long_state(tmp_path, capsys):
+    s = CheckpointStorage(str(tmp_path))
+    make_checkpoint(s, 1, {"t#0": {"big": {f"key{i}": i for i in range(100)}}})
+    assert main(["checkpoints", "show", str(tmp_path)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("big:"))
+    assert line.endswith("...")
+    assert len(line.strip()) == len("big: ") + 200 + 3
+
+
+def test_show_empty_dir_is_an_error(tmp_path, capsys):
+    assert main(["checkpoints", "show", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("abs-engine: error:")
+    assert "no valid checkpoint" in captured.err
+
+
+def test_show_only_invalid_is_an_error(ckdir, capsys):
+    d, s = ckdir
+    for cid in (1, 2):
+        os.remove(os.path.join(s.dir_of(cid), "read#0.state"))
+    assert main(["checkpoints", "show", d, "--json"]) == 2
+    assert "no valid checkpoint" in capsys.readouterr().err
+
+
+def test_show_invalid_id_is_an_error(ckdir, capsys):
+    d, s = ckdir
+    assert main(["checkpoints", "show", d, "9"]) == 2
+    assert "no metadata" in capsys.readouterr().err
+    with open(os.path.join(s.dir_of(1), "count#0.state"), "ab") as f:
+        f.write(b"x")
+    assert main(["checkpoints", "show", d, "1", "--json"]) == 2
+    assert "checksum" in capsys.readouterr().err
+
+
+def test_jsonable():
+    assert jsonable({(1, "a"): (b"hi", b"\x80"), 3: [1.5, None, True]}) == {
+        '[1, "a"]': [{"$text": "hi"}, {"$hex": "80"}],
+        "3": [1.5, None, True],
+    }
