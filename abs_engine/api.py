@@ -30,7 +30,7 @@ class Dataflow:
     """A dataflow under construction. ``parallelism`` is the default for every operator."""
 
     def __init__(self, name: str = "dataflow", parallelism: int = 1):
-        if not isinstance(parallelism, int) or parallelism < 1:
+        if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
             raise GraphError(GraphErrorReason.BAD_PARALLELISM, f"parallelism must be an int >= 1, got {parallelism!r}")
         self.graph = LogicalGraph(name=name, default_parallelism=parallelism)
         self._counters: dict[str, int] = {}
@@ -54,7 +54,9 @@ class Dataflow:
         return name
 
     def _add(self, node: Node) -> None:
-        if node.parallelism is not None and (not isinstance(node.parallelism, int) or node.parallelism < 1):
+        if node.parallelism is not None and (
+            not isinstance(node.parallelism, int) or isinstance(node.parallelism, bool) or node.parallelism < 1
+        ):
             raise GraphError(
                 GraphErrorReason.BAD_PARALLELISM,
                 f"operator {node.name!r}: parallelism must be an int >= 1, got {node.parallelism!r}",

@@ -127,10 +127,8 @@ def validate(graph: LogicalGraph, g: nx.DiGraph) -> None:
 
 def resolve_partition(g: nx.DiGraph, u: str, v: str) -> Partition:
     p = g.edges[u, v]["partition"]
-    if p is not None:
+    if p is not None:  # explicit, and always HASH into a keyed operator (validate() checks)
         return p
-    if g.nodes[v]["keyed"]:
-        return Partition.HASH
     if g.nodes[u]["parallelism"] == g.nodes[v]["parallelism"]:
         return Partition.FORWARD
     return Partition.REBALANCE

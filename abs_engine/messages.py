@@ -138,8 +138,4 @@ def encode(msg: Message) -> bytes:
 
 def decode(payload: bytes) -> Message:
     tag, *fields = codec.unpack(payload)
-    cls = _REGISTRY[tag]
-    if cls is Deploy:
-        plan, code, peers, restore, restore_final, ckdir = fields
-        return Deploy(plan, code, {k: (v[0], v[1]) for k, v in peers.items()}, restore, restore_final, ckdir)
-    return cls(*fields)
+    return _REGISTRY[tag](*fields)

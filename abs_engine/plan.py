@@ -101,7 +101,12 @@ class Plan:
 
     def fingerprint(self) -> str:
         """Identifies the plan's shape: a checkpoint only restores into the same shape."""
-        shape = [[t.id, [c.id for c in t.inputs]] for t in self.tasks]
+        shape = [
+            [[c.name, c.operators] for c in self.chains],
+            [[o.name, o.kind, o.keyed, o.parallelism] for o in self.operators],
+            [[e.src, e.dst, e.partition, e.back_edge] for e in self.edges],
+            [[t.id, [c.id for c in t.inputs]] for t in self.tasks],
+        ]
         return hashlib.sha256(codec.pack(shape)).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:

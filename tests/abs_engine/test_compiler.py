@@ -18,6 +18,7 @@ from abs_engine.graph import Edge, LogicalGraph, Node, NodeKind, Partition
 from abs_engine.ids import channel_id, task_id
 from abs_engine.plan import Plan
 from operators.base import Sink, Source
+from abs_engine.testing import CapturingSink, TestingSource
 from operators.basic import Identity, Map
 
 
@@ -686,3 +687,22 @@ def test_random_dag_plans_are_consistent(graph: LogicalGraph) -> None:
             consumers = [c.split("->")[1] for c in o.channels]
             assert consumers == sorted(consumers, key=lambda x: int(x.rsplit("#", 1)[1]))
     assert Plan.from_dict(codec.unpack(codec.pack(plan.to_dict()))) == plan
+
+
+def test_fingerprint_changes_when_partitioning_changes():
+    from operators.basic import Identity
+
+    def build(keyed: bool):
+        flow = Dataflow("fp", parallelism=2)
+        s = flow.source(TestingSource([1]), name="s")
+        nxt = s.key_by().count(name="c") if keyed else s.rebalance().apply(Identity(), name="c")
+        nxt.sink(CapturingSink("/tmp/unused-fp"), name="k")
+        return flow.compile().fingerprint()
+
+    assert build(True) != build(False)
+
+
+def test_bool_parallelism_is_rejected():
+    with pytest.raises(GraphError) as ei:
+        Dataflow("b", parallelism=True)
+    assert ei.value.reason is GraphErrorReason.BAD_PARALLELISM
