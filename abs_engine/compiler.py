@@ -174,6 +174,17 @@ def compile_graph(graph: LogicalGraph) -> Plan:
                      g.nodes[n]["keyed"], head_of[n])
         for n in sorted(g.nodes, key=order.__getitem__)
     )
+    # A chain is in a loop when its operators are on a cycle of the operator graph.
+    on_cycle = {n for comp in nx.strongly_connected_components(g) for n in comp
+                if len(comp) > 1 or g.has_edge(n, n)}
+    feeds = {n for n in g.nodes if n not in on_cycle and nx.descendants(g, n) & on_cycle}
+    chains = [
+        ChainSpec(c.name, c.operators, c.parallelism, c.is_source,
+                  in_loop=any(o in on_cycle for o in c.operators),
+                  feeds_loop=not any(o in on_cycle for o in c.operators) and any(o in feeds for o in c.operators))
+        for c in chains
+    ]
+
     # Edges inside a chain are function calls; the others become channels.
     edges = tuple(
         EdgeSpec(u, v, g.edges[u, v]["partition"].value, (u, v) in back)

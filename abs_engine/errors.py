@@ -24,7 +24,6 @@ class GraphErrorReason(enum.Enum):
     DUPLICATE_NAME = "duplicate_name"
     NO_SINK = "no_sink"
     FOREIGN_STREAM = "foreign_stream"
-    CYCLES_UNSUPPORTED = "cycles_unsupported"
     BAD_ARGUMENT = "bad_argument"
 
 

@@ -86,6 +86,8 @@ class Ack(Message):
     size: int
     sha256: str
     alignment_ms: float
+    logged: int  #: records logged on back-edges (in flight round a loop at the cut)
+    finished: bool  #: the task had finished (sent end of stream) when it snapshotted
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,22 @@ class Finished(Message):
     task: str
     records_in: int
     records_out: int
+
+
+@dataclass(frozen=True)
+class InputsEnded(Message):
+    """Every regular input ended but back-edges are live: trigger this task directly."""
+
+    TAG: ClassVar[str] = "inputs_ended"
+    task: str
+
+
+@dataclass(frozen=True)
+class EndLoop(Message):
+    """A completed checkpoint proved the loops drained: treat back-edge inputs as ended."""
+
+    TAG: ClassVar[str] = "end_loop"
+    checkpoint_id: int
 
 
 @dataclass(frozen=True)
@@ -127,7 +145,7 @@ class Failed(Message):
 
 _REGISTRY: dict[str, type[Message]] = {
     cls.TAG: cls
-    for cls in (Deploy, Trigger, NotifyComplete, Shutdown, Hello, Running, Ack, Finished, Progress, Committed, Failed)
+    for cls in (Deploy, Trigger, NotifyComplete, Shutdown, Hello, Running, Ack, Finished, Progress, Committed, Failed, InputsEnded, EndLoop)
 }
 
 

@@ -30,6 +30,8 @@ class ChainSpec:
     operators: tuple[str, ...]
     parallelism: int
     is_source: bool
+    in_loop: bool = False  #: on a cycle of the chain graph
+    feeds_loop: bool = False  #: not in a loop, but its output reaches one
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,16 @@ class Plan:
     def back_edges(self) -> tuple[EdgeSpec, ...]:
         return tuple(e for e in self.edges if e.back_edge)
 
+    @property
+    def loop_tasks(self) -> frozenset[str]:
+        loops = {c.name for c in self.chains if c.in_loop}
+        return frozenset(t.id for t in self.tasks if t.chain in loops)
+
+    @property
+    def loop_feeder_tasks(self) -> frozenset[str]:
+        feeders = {c.name for c in self.chains if c.feeds_loop}
+        return frozenset(t.id for t in self.tasks if t.chain in feeders)
+
     def task(self, task_id: str) -> TaskSpec:
         for t in self.tasks:
             if t.id == task_id:
@@ -117,7 +129,11 @@ class Plan:
         return Plan(
             job=d["job"],
             operators=tuple(OperatorSpec(**o) for o in d["operators"]),
-            chains=tuple(ChainSpec(c["name"], tuple(c["operators"]), c["parallelism"], c["is_source"]) for c in d["chains"]),
+            chains=tuple(
+                ChainSpec(c["name"], tuple(c["operators"]), c["parallelism"], c["is_source"], c["in_loop"],
+                          c["feeds_loop"])
+                for c in d["chains"]
+            ),
             edges=tuple(EdgeSpec(**e) for e in d["edges"]),
             tasks=tuple(
                 TaskSpec(

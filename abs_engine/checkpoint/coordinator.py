@@ -11,6 +11,14 @@ Protocol:
 - a checkpoint older than ``timeout`` is aborted; late acknowledgements are then DISCARDED;
 - once every task has finished, one more checkpoint, the *final* one, is taken; when it
   completes the job commits and ends.
+
+Loops (termination by snapshot, after Chandy and Lamport): a loop cannot end by end of
+stream, since its back-edges never end on their own. Quiescence is a stable property, so a
+*completed* checkpoint in which every task that feeds a loop had already finished and every
+back-edge log is empty proves no record is in flight anywhere in a loop and none can enter
+one: the loops have drained. ``drained`` then names that checkpoint, and the executor tells
+the loop tasks to end their back-edges. Once the feeders have finished, checkpoints are
+taken every ``drain_interval`` to detect this (in every mode, since it is how loops end).
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ class CheckpointCoordinator:
         max_in_flight: int = 1,
         next_id: int = 1,
         clock: Callable[[], float] = time.monotonic,
+        loop_tasks: frozenset[str] = frozenset(),
+        loop_feeders: frozenset[str] = frozenset(),
+        drain_interval: float = 0.1,
     ):
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
@@ -57,8 +68,14 @@ class CheckpointCoordinator:
         self.max_in_flight = max_in_flight
         self.next_id = next_id
         self.clock = clock
+        self.loop_tasks = loop_tasks
+        self.loop_feeders = loop_feeders
+        self.drain_interval = drain_interval
+        self.drained: int | None = None  #: the checkpoint that proved the loops drained
+        self.next_drain_at: float | None = None
         self.pending: dict[int, PendingCheckpoint] = {}
         self.finished: set[str] = set()
+        self.direct: set[str] = set()  #: triggered directly: finished, or regular inputs ended
         self.closed_ids: set[int] = set()  #: completed, aborted or subsumed
         self.final_completed: Metadata | None = None
         self.stats = CoordinatorStats()
@@ -72,12 +89,20 @@ class CheckpointCoordinator:
     def all_finished(self) -> bool:
         return self.finished >= self.tasks
 
+    @property
+    def draining(self) -> bool:
+        """Loops exist, are not yet proven drained, and nothing can enter them any more."""
+        return bool(self.loop_tasks) and self.drained is None and self.finished >= self.loop_feeders
+
     def deadline(self) -> float | None:
         """When poll() next has something to do (None: only on messages)."""
         times = [p.started + self.timeout for p in self.pending.values()]
         # A due trigger is only actionable below the in-flight limit (else: busy loop).
-        if self.next_trigger_at is not None and not self.all_finished and len(self.pending) < self.max_in_flight:
-            times.append(self.next_trigger_at)
+        if len(self.pending) < self.max_in_flight and not self.all_finished:
+            if self.next_trigger_at is not None:
+                times.append(self.next_trigger_at)
+            if self.draining:
+                times.append(self.next_drain_at if self.next_drain_at is not None else self.clock())
         return min(times) if times else None
 
     def poll(self) -> list[tuple[str, messages.Message]]:
@@ -95,9 +120,13 @@ class CheckpointCoordinator:
         if self.all_finished:
             if not any(p.final for p in self.pending.values()):
                 out += self._trigger(now, final=True)
-        elif self.next_trigger_at is not None and now >= self.next_trigger_at:
+        elif (self.next_trigger_at is not None and now >= self.next_trigger_at) or (
+            self.draining and (self.next_drain_at is None or now >= self.next_drain_at)
+        ):
             out += self._trigger(now, final=False)
-            self.next_trigger_at = now + (self.interval or 0)
+            if self.next_trigger_at is not None:
+                self.next_trigger_at = now + (self.interval or 0)
+            self.next_drain_at = now + self.drain_interval
         return out
 
     def _trigger(self, now: float, final: bool) -> list[tuple[str, messages.Message]]:
@@ -105,13 +134,19 @@ class CheckpointCoordinator:
         self.next_id += 1
         p = PendingCheckpoint(cid, now, self.tasks, final=final)
         self.pending[cid] = p
-        targets = set(self.source_tasks) | self.finished
+        targets = set(self.source_tasks) | self.direct
         p.triggered_directly |= targets
         return [(t, messages.Trigger(cid)) for t in sorted(targets)]
 
     def on_finished(self, task: str) -> list[tuple[str, messages.Message]]:
         """A task saw end of stream on every input: trigger it directly from now on."""
         self.finished.add(task)
+        return self.on_inputs_ended(task)
+
+    def on_inputs_ended(self, task: str) -> list[tuple[str, messages.Message]]:
+        """No barrier can reach this task any more (its regular inputs ended): trigger it
+        directly, now for the pending checkpoints it has not snapshotted, and from now on."""
+        self.direct.add(task)
         out: list[tuple[str, messages.Message]] = []
         for cid, p in sorted(self.pending.items()):
             if task not in p.acks and task not in p.triggered_directly:
@@ -125,7 +160,9 @@ class CheckpointCoordinator:
         if p is None:
             outcome = AckOutcome.DISCARDED if ack.checkpoint_id in self.closed_ids else AckOutcome.UNKNOWN
         else:
-            outcome = p.acknowledge(ack.task, TaskSnapshot(ack.file, ack.size, ack.sha256, ack.alignment_ms))
+            outcome = p.acknowledge(
+                ack.task, TaskSnapshot(ack.file, ack.size, ack.sha256, ack.alignment_ms, ack.logged, ack.finished)
+            )
         self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
         if p is None or not p.complete:
             return outcome, None
@@ -153,7 +190,15 @@ class CheckpointCoordinator:
         self.stats.completed.append(meta)
         if p.final:
             self.final_completed = meta
+        if (self.loop_tasks and self.drained is None
+                and all(p.acks[t].finished for t in self.loop_feeders)
+                and sum(s.logged for s in p.acks.values()) == 0):
+            self.drained = p.checkpoint_id
         return meta
+
+    def end_loop_messages(self) -> list[tuple[str, messages.Message]]:
+        assert self.drained is not None
+        return [(t, messages.EndLoop(self.drained)) for t in sorted(self.loop_tasks)]
 
     def notifications(self, meta: Metadata) -> list[tuple[str, messages.Message]]:
         return [(t, messages.NotifyComplete(meta.checkpoint_id, meta.final)) for t in sorted(self.tasks)]

@@ -23,6 +23,8 @@ class TaskSnapshot:
     size: int
     sha256: str
     alignment_ms: float
+    logged: int = 0  #: records logged on back-edges
+    finished: bool = False  #: the task had finished when it snapshotted
 
 
 @dataclass

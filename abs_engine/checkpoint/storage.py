@@ -72,14 +72,22 @@ class Metadata:
         )
 
 
-def decode_state(blob: bytes, path: str) -> dict[str, Any]:
-    """A task's state file -> {operator: decoded state}. Raises CORRUPT_STATE, not msgpack errors."""
+def decode_snapshot(blob: bytes, path: str) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """A task's state file -> ({operator: state}, {back-edge channel: logged records}).
+    Raises CheckpointError(CORRUPT_STATE), never a msgpack error."""
     try:
         doc = codec.unpack(blob)
-        return {name: codec.unpack(data) for name, data in doc["operators"].items()}
+        states = {name: codec.unpack(data) for name, data in doc["operators"].items()}
+        logs = {ch: list(codec.unpack(data)) for ch, data in doc.get("logs", {}).items()}
+        return states, logs
     except Exception as e:
         raise CheckpointError(CheckpointErrorReason.CORRUPT_STATE,
                               f"state file {path} passes its checksum but cannot be decoded ({e})") from e
+
+
+def decode_state(blob: bytes, path: str) -> dict[str, Any]:
+    """A task's state file -> {operator: decoded state}."""
+    return decode_snapshot(blob, path)[0]
 
 
 def _fsync_dir(path: str) -> None:
@@ -224,6 +232,13 @@ class CheckpointStorage:
         path = os.path.join(self.dir_of(checkpoint_id), entry.file)
         with open(path, "rb") as f:
             return decode_state(f.read(), path)
+
+    def read_logs(self, checkpoint_id: int, task: str) -> dict[str, list[Any]]:
+        """The records a task logged on its back-edges for this checkpoint."""
+        meta = self.verify(checkpoint_id)
+        path = os.path.join(self.dir_of(checkpoint_id), meta.tasks[task].file)
+        with open(path, "rb") as f:
+            return decode_snapshot(f.read(), path)[1]
 
     def describe(self, checkpoint_id: int) -> dict[str, Any]:
         meta = self.load_metadata(checkpoint_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 MODES = ("aligned", "none")
 
@@ -21,6 +21,9 @@ class JobConfig:
         ``restart_attempts`` times fails with the last error.
     progress: print a progress line to stderr about once a second.
     chaos: failure injection for tests (see abs_engine.testing.RandomKills).
+    stop_when: called with the running JobResult about every 0.1 s; when it returns True the
+        job is cancelled (workers killed) and run() returns with ``cancelled=True``. For jobs
+        that never end on their own (unbounded sources, loops that never drain).
     """
 
     mode: str = "aligned"
@@ -34,6 +37,7 @@ class JobConfig:
     resume: bool = False
     progress: bool = False
     chaos: Any = None
+    stop_when: Callable[["JobResult"], bool] | None = None
     host: str = "127.0.0.1"
     startup_timeout: float = 60.0
 
@@ -69,3 +73,4 @@ class JobResult:
     restored_from: list[int] = field(default_factory=list)
     skipped_checkpoints: list[str] = field(default_factory=list)
     checkpoint_dir: str = ""
+    cancelled: bool = False

@@ -26,13 +26,17 @@ import cloudpickle
 from .. import codec, messages
 from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.storage import CheckpointStorage, Metadata
-from ..errors import CheckpointError, CheckpointErrorReason, GraphError, GraphErrorReason, JobFailed
+from ..errors import CheckpointError, CheckpointErrorReason, JobFailed
 from ..graph import LogicalGraph
 from ..plan import Plan
 from .config import CheckpointStat, JobConfig, JobResult
 
 if TYPE_CHECKING:
     from ..api import Dataflow
+
+
+class JobCancelled(Exception):
+    """``stop_when`` asked to stop: the workers are killed; run() returns the result."""
 
 
 class WorkerFailure(Exception):
@@ -119,6 +123,10 @@ class LocalExecutor:
                 next_id = max(storage.ids_on_disk(), default=0) + 1
                 try:
                     self._attempt(attempt, listener, storage, meta, next_id)
+                    break
+                except JobCancelled:
+                    self.result.cancelled = True
+                    self._log("cancelled by stop_when")
                     break
                 except WorkerFailure as f:
                     self.result.failures.append(str(f))
@@ -261,6 +269,7 @@ class LocalExecutor:
             self.plan.job, self.fingerprint, list(workers), self.source_tasks, storage,
             cfg.checkpoint_interval if cfg.mode == "aligned" else None,
             cfg.checkpoint_timeout, cfg.max_concurrent_checkpoints, next_id,
+            loop_tasks=self.plan.loop_tasks, loop_feeders=self.plan.loop_feeder_tasks,
         )
         sel = selectors.DefaultSelector()
         for w in workers.values():
@@ -298,6 +307,8 @@ class LocalExecutor:
                     for task, m in coord.poll():
                         self._send(workers[task], m)
                 self._check_alive(workers)
+                if cfg.stop_when is not None and cfg.stop_when(self.result):
+                    raise JobCancelled()
                 if cfg.progress and time.monotonic() >= next_progress:
                     next_progress = time.monotonic() + 1.0
                     self._print_progress(coord)
@@ -325,10 +336,17 @@ class LocalExecutor:
                     max(meta.alignment_ms.values(), default=0.0), meta.final))
                 for task, m in coord.notifications(meta):
                     self._send(workers[task], m)
+                if coord.drained == meta.checkpoint_id:
+                    self._log(f"checkpoint {meta.checkpoint_id} proves the loops drained: ending them")
+                    for task, m in coord.end_loop_messages():
+                        self._send(workers[task], m)
         elif isinstance(msg, messages.Finished):
             if msg.task in self.source_tasks:
                 self.source_progress[msg.task] = msg.records_in
             for task, m in coord.on_finished(msg.task):
+                self._send(workers[task], m)
+        elif isinstance(msg, messages.InputsEnded):
+            for task, m in coord.on_inputs_ended(msg.task):
                 self._send(workers[task], m)
         elif isinstance(msg, messages.Committed):
             w.committed = True
@@ -381,13 +399,6 @@ class LocalExecutor:
 
 def run_job(flow: "Dataflow", config: JobConfig) -> JobResult:
     plan = flow.compile()
-    if plan.back_edges:
-        edges = ", ".join(f"{e.src}->{e.dst}" for e in plan.back_edges)
-        raise GraphError(
-            GraphErrorReason.CYCLES_UNSUPPORTED,
-            f"the dataflow has cycles (back-edges {edges}); this version compiles them "
-            "(see explain()) but cannot run them yet",
-        )
     ex = LocalExecutor(flow.graph, plan, config)
     res = ex.run()
     res.source_records = max(res.source_records, sum(ex.source_progress.values()))

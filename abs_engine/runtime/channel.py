@@ -9,7 +9,7 @@ TCP (not a pipe) so the same worker code can run on several machines under Spark
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import Any, Callable
 
 from .. import codec
 
@@ -21,16 +21,33 @@ def tune(sock: socket.socket) -> None:
 
 
 class OutputChannel:
-    __slots__ = ("id", "sock")
+    __slots__ = ("id", "sock", "while_blocked")
 
     def __init__(self, channel_id: str, address: tuple[str, int]):
         self.id = channel_id
         self.sock = socket.create_connection(address)
         tune(self.sock)
         self.sock.sendall(codec.frame(codec.FrameKind.HELLO, codec.pack(channel_id)))
+        #: Set on tasks with back-edge inputs: called with this socket while a send would
+        #: block; it waits until the socket is writable while draining the back-edges, so a
+        #: loop of full channels cannot deadlock.
+        self.while_blocked: Callable[[socket.socket], None] | None = None
 
     def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
+        if self.while_blocked is None:
+            self.sock.sendall(data)
+            return
+        view = memoryview(data)
+        sock = self.sock
+        sock.setblocking(False)
+        try:
+            while view:
+                try:
+                    view = view[sock.send(view):]
+                except (BlockingIOError, InterruptedError):
+                    self.while_blocked(sock)
+        finally:
+            sock.setblocking(True)
 
     def close(self) -> None:
         try:

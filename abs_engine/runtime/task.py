@@ -4,130 +4,41 @@ Invariants:
 - Records are processed a batch at a time; a batch crosses a process boundary as one
   msgpack frame.
 - A snapshot for checkpoint n reflects exactly the records before barrier n on every
-  regular input (aligned ABS): blocked inputs are not read, not even from our buffers.
+  regular input (aligned ABS): a blocked input is not processed, not even from our buffer.
 - Order at a snapshot: operators snapshot -> state encoded (a consistent copy) -> barrier
-  forwarded on every output -> the copy is written and fsynced off the task thread ->
-  acknowledgement to the coordinator.
-- A task that has finished (end of stream on every input) emits nothing more; the
-  coordinator triggers its snapshots directly.
+  forwarded on every output -> back-edge records logged until barrier n comes round each
+  back-edge -> state + logs written and fsynced off the task thread -> acknowledgement.
+- Back-edge inputs are always *read* (bytes buffered without bound), even while the task is
+  blocked sending or a back-edge is held: a loop of bounded channels cannot deadlock.
+- A task whose regular inputs have all ended is triggered directly by the coordinator;
+  one that has finished (end of stream everywhere) emits nothing more.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import queue
 import selectors
-import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any
 
 from operators.base import Operator, Source
 
 from .. import codec, messages
 from ..errors import SerializationError
-from ..plan import OutputSpec, TaskSpec
+from ..plan import TaskSpec
 from .alignment import BarrierAligner, Outcome
-from .channel import InputChannel, OutputChannel
+from .backedge import BackEdgeLog, BackEdgeOutcome, Session
+from .channel import InputChannel
 from .control import ControlLink
+from .output import OperatorFailure, Output
+from .writer import SnapshotWriter
 
 PROGRESS_EVERY = 0.5  # seconds between progress reports of a source
 
 
-class OperatorFailure(Exception):
-    """User code of ``operator`` raised (the cause holds the user's exception)."""
-
-    def __init__(self, operator: str, fatal: bool = False):
-        super().__init__(operator)
-        self.operator = operator
-        self.fatal = fatal
-
-
-class Output:
-    """One out-edge: partitions a batch over its channels and sends one frame per channel."""
-
-    def __init__(self, spec: OutputSpec, channels: list[OutputChannel], key_fn: Callable[[Any], Any] | None, producer: str):
-        self.channels = channels
-        self.partition = spec.partition
-        self.key_fn = key_fn
-        self.producer = producer
-        self.rr = 0
-
-    def _frame(self, batch: list[Any]) -> bytes:
-        try:
-            return codec.records_frame(batch)
-        except (TypeError, ValueError, OverflowError) as e:
-            raise OperatorFailure(self.producer, fatal=True) from SerializationError("a record", self.producer, str(e))
-
-    def emit(self, batch: list[Any]) -> None:
-        chans = self.channels
-        n = len(chans)
-        if n == 1:
-            chans[0].send(self._frame(batch))
-        elif self.partition == "hash":
-            parts: list[list[Any]] = [[] for _ in range(n)]
-            appends = [p.append for p in parts]
-            key_fn = self.key_fn
-            try:
-                if key_fn is None:
-                    for r in batch:
-                        appends[hash(r) % n](r)
-                else:
-                    for r in batch:
-                        appends[hash(key_fn(r)) % n](r)
-            except Exception as e:
-                raise OperatorFailure(self.producer) from e
-            for ch, part in zip(chans, parts):
-                if part:
-                    ch.send(self._frame(part))
-        else:  # rebalance: round robin, a batch at a time
-            chans[self.rr % n].send(self._frame(batch))
-            self.rr += 1
-
-    def broadcast(self, data: bytes) -> None:
-        for ch in self.channels:
-            ch.send(data)
-
-
-class SnapshotWriter:
-    """Writes snapshot files and sends the acknowledgements, off the task thread."""
-
-    def __init__(self, control: ControlLink, task: str, on_error: Callable[[BaseException], None]):
-        self.control = control
-        self.task = task
-        self.on_error = on_error
-        self.jobs: queue.Queue[tuple[int, str, bytes, float] | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name="snapshot-writer", daemon=True)
-        self.thread.start()
-
-    def submit(self, checkpoint_id: int, path: str, blob: bytes, alignment_ms: float) -> None:
-        self.jobs.put((checkpoint_id, path, blob, alignment_ms))
-
-    def flush(self) -> None:
-        """Wait until every submitted snapshot is written and acknowledged."""
-        self.jobs.join()
-
-    def _run(self) -> None:
-        while True:
-            job = self.jobs.get()
-            try:
-                if job is None:
-                    return
-                cid, path, blob, alignment_ms = job
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "wb") as f:
-                    f.write(blob)
-                    f.flush()
-                    os.fsync(f.fileno())
-                digest = hashlib.sha256(blob).hexdigest()
-                self.control.send(
-                    messages.Ack(cid, self.task, os.path.basename(path), len(blob), digest, alignment_ms)
-                )
-            except BaseException as e:  # noqa: BLE001 - reported to the driver, then the worker dies
-                self.on_error(e)
-            finally:
-                self.jobs.task_done()
+class LoopNotQuiet(Exception):
+    """Records arrived on a back-edge after the loop was proven drained."""
 
 
 class Task:
@@ -143,6 +54,7 @@ class Task:
         control: ControlLink,
         writer: SnapshotWriter,
         checkpoint_dir: str,
+        replay: list[Any] | None = None,
     ):
         self.spec = spec
         self.op_names = op_names
@@ -154,13 +66,23 @@ class Task:
         self.control = control
         self.writer = writer
         self.checkpoint_dir = checkpoint_dir
+        self.replay = replay or []
         self.aligner = BarrierAligner(c.id for c in inputs.values() if not c.back_edge)
+        self.back = [c for c in inputs.values() if c.back_edge]
+        self.backlog = BackEdgeLog(c.id for c in self.back)
         self.finished = False
+        self.inputs_ended = False  #: every regular input ended (reported once)
+        self.loop_ended = False
         self.stop = False
         self.records_in = 0
         self.records_out = 0
         self.blocked_since: float | None = None
         self.last_snapshot = 0  #: a trigger for an id <= this is a duplicate (e.g. barrier then direct)
+        self.runnable: deque[InputChannel] = deque()
+        if self.back:
+            for out in outputs:
+                for ch in out.channels:
+                    ch.while_blocked = self._drain_back_edges
 
     # ---- the chain ------------------------------------------------------------------
 
@@ -201,7 +123,27 @@ class Task:
         self.finished = True
         self.control.send(messages.Finished(self.spec.id, self.records_in, self.records_out))
 
+    def _drain_back_edges(self, out_sock: Any) -> None:
+        """A send would block: wait until ``out_sock`` is writable, reading the back-edges
+        into their buffers meanwhile (their frames are processed later, in order)."""
+        sel = selectors.DefaultSelector()
+        try:
+            sel.register(out_sock, selectors.EVENT_WRITE, None)
+            for c in self.back:
+                if not c.ended:
+                    sel.register(c.sock, selectors.EVENT_READ, c)
+            for key, _ in sel.select():
+                if key.data is not None:
+                    key.data.fill()
+                    self.runnable.append(key.data)
+        finally:
+            sel.close()
+
     # ---- checkpoints ------------------------------------------------------------------
+
+    def _all_operators(self) -> list[tuple[str, Any]]:
+        head = [(self.source_name, self.source)] if self.source is not None else []
+        return head + list(zip(self.op_names, self.ops))
 
     def _snapshot(self, checkpoint_id: int) -> None:
         self.last_snapshot = checkpoint_id
@@ -215,7 +157,6 @@ class Task:
                 states[name] = codec.pack(state)
             except (TypeError, ValueError, OverflowError) as e:
                 raise OperatorFailure(name, fatal=True) from SerializationError("the state", name, str(e))
-        blob = codec.pack({"task": self.spec.id, "checkpoint_id": checkpoint_id, "operators": states})
         if not self.finished:
             barrier = codec.frame(codec.FrameKind.BARRIER, codec.pack(checkpoint_id))
             for out in self.outputs:
@@ -224,12 +165,22 @@ class Task:
         if self.blocked_since is not None:
             alignment_ms = (time.perf_counter() - self.blocked_since) * 1000
             self.blocked_since = None
-        path = os.path.join(self.checkpoint_dir, f"chk-{checkpoint_id:06d}", f"{self.spec.id}.state")
-        self.writer.submit(checkpoint_id, path, blob, alignment_ms)
+        step = self.backlog.start(checkpoint_id, (states, alignment_ms, self.finished))
+        self._release(step.released)
+        for s in step.completed:
+            self._write(s)
 
-    def _all_operators(self) -> list[tuple[str, Any]]:
-        head = [(self.source_name, self.source)] if self.source is not None else []
-        return head + list(zip(self.op_names, self.ops))
+    def _write(self, s: Session) -> None:
+        states, alignment_ms, finished = s.payload
+        logs = {ch: codec.pack(recs) for ch, recs in s.logs.items()}
+        blob = codec.pack({"task": self.spec.id, "checkpoint_id": s.checkpoint_id, "operators": states,
+                           "logs": logs, "finished": finished})
+        path = os.path.join(self.checkpoint_dir, f"chk-{s.checkpoint_id:06d}", f"{self.spec.id}.state")
+        self.writer.submit(s.checkpoint_id, path, blob, alignment_ms, s.logged, finished)
+
+    def _release(self, channels: tuple[str, ...]) -> None:
+        for cid in channels:
+            self.runnable.append(self.inputs[cid])
 
     def _notify_complete(self, checkpoint_id: int) -> None:
         for name, op in self._all_operators():
@@ -240,8 +191,9 @@ class Task:
 
     def on_control(self, msg: messages.Message) -> None:
         if isinstance(msg, messages.Trigger):
-            # Sources are triggered by the coordinator; other tasks only once finished.
-            if (self.source is not None or self.finished) and msg.checkpoint_id > self.last_snapshot:
+            # Sources are triggered by the coordinator; other tasks once their regular inputs ended.
+            direct = self.source is not None or self.finished or self.inputs_ended
+            if direct and msg.checkpoint_id > self.last_snapshot:
                 self._snapshot(msg.checkpoint_id)
         elif isinstance(msg, messages.NotifyComplete):
             self._notify_complete(msg.checkpoint_id)
@@ -249,12 +201,35 @@ class Task:
                 self.writer.flush()
                 self.control.send(messages.Committed(self.spec.id))
                 self.stop = True
+        elif isinstance(msg, messages.EndLoop):
+            if not self.loop_ended:
+                self.loop_ended = True
+                for c in self.back:
+                    if not c.ended:
+                        for s in self.backlog.on_end_of_stream(c.id).completed:
+                            self._write(s)
+                self._maybe_finish()
         elif isinstance(msg, messages.Shutdown):
             self.stop = True
+
+    def _maybe_finish(self) -> None:
+        if self.finished or not self.aligner.all_ended:
+            return
+        if self.back and not self.loop_ended and any(not c.ended for c in self.back):
+            if not self.inputs_ended:
+                self.inputs_ended = True
+                self.control.send(messages.InputsEnded(self.spec.id))
+            return
+        self._finish()
 
     # ---- run loops ----------------------------------------------------------------------
 
     def run(self) -> None:
+        if self.replay:
+            # Records that were in flight round a loop at the restored checkpoint come first.
+            batch, self.replay = self.replay, []
+            self.records_in += len(batch)
+            self._emit(self._process(batch, 0))
         if self.source is not None:
             self._run_source()
         else:
@@ -287,53 +262,78 @@ class Task:
                 last_progress = now
                 control.send(messages.Progress(self.spec.id, self.records_in, self.records_out))
 
+    def _on_frame(self, ch: InputChannel, kind: int, payload: bytes,
+                  sel: selectors.BaseSelector, blocked: list[InputChannel]) -> None:
+        if kind == codec.FrameKind.RECORDS:
+            batch = list(codec.unpack(payload))
+            if ch.back_edge:
+                if self.loop_ended:
+                    raise LoopNotQuiet(
+                        f"records arrived on back-edge {ch.id} after the loop was proven drained: an operator "
+                        "in the loop emitted records at end of input (finish()); loops must be quiet then"
+                    )
+                self.backlog.on_records(ch.id, batch)
+            self.records_in += len(batch)
+            self._emit(self._process(batch, 0))
+        elif kind == codec.FrameKind.BARRIER:
+            cid = codec.unpack(payload)
+            if ch.back_edge:
+                if not self.loop_ended:
+                    for s in self.backlog.on_barrier(ch.id, cid).completed:
+                        self._write(s)
+                return
+            d = self.aligner.on_barrier(ch.id, cid)
+            if d.outcome in (Outcome.BLOCKED, Outcome.ABORTED_AND_BLOCKED):
+                if self.blocked_since is None:
+                    self.blocked_since = time.perf_counter()
+                sel.unregister(ch.sock)
+                blocked.append(ch)
+            elif d.outcome is Outcome.TRIGGERED:
+                self._triggered(d.checkpoint_id, sel, blocked)  # type: ignore[arg-type]
+        elif kind == codec.FrameKind.END:
+            ch.ended = True
+            sel.unregister(ch.sock)
+            if ch.back_edge:
+                for s in self.backlog.on_end_of_stream(ch.id).completed:
+                    self._write(s)
+            else:
+                d = self.aligner.on_end_of_stream(ch.id)
+                if d.outcome is Outcome.TRIGGERED:
+                    self._triggered(d.checkpoint_id, sel, blocked)  # type: ignore[arg-type]
+            self._maybe_finish()
+
+    def _triggered(self, checkpoint_id: int, sel: selectors.BaseSelector, blocked: list[InputChannel]) -> None:
+        self._snapshot(checkpoint_id)
+        for b in blocked:
+            sel.register(b.sock, selectors.EVENT_READ, b)
+            self.runnable.append(b)
+        blocked.clear()
+
     def _run_inputs(self) -> None:
         sel = selectors.DefaultSelector()
         control = self.control
         sel.register(control.sock, selectors.EVENT_READ, None)
         for ch in self.inputs.values():
             sel.register(ch.sock, selectors.EVENT_READ, ch)
-        runnable: deque[InputChannel] = deque(ch for ch in self.inputs.values() if ch.reader.buffered())
+        runnable = self.runnable
+        runnable.extend(ch for ch in self.inputs.values() if ch.reader.buffered())
         blocked: list[InputChannel] = []
-        aligner = self.aligner
+        aligner, backlog = self.aligner, self.backlog
+        self._maybe_finish()  # a task with no regular inputs at all
 
         while not self.stop:
             while runnable and not self.stop:
                 ch = runnable.popleft()
-                while not aligner.is_blocked(ch.id) and not ch.ended:
+                while not ch.ended:
+                    if ch.back_edge:
+                        if backlog.is_held(ch.id):
+                            break
+                    elif aligner.is_blocked(ch.id):
+                        break
                     frame = ch.next_frame()
                     if frame is None:
                         break
-                    kind, payload = frame
-                    if kind == codec.FrameKind.RECORDS:
-                        batch = codec.unpack(payload)
-                        self.records_in += len(batch)
-                        self._emit(self._process(list(batch), 0))
-                    elif kind == codec.FrameKind.BARRIER:
-                        d = aligner.on_barrier(ch.id, codec.unpack(payload))
-                        if d.outcome in (Outcome.BLOCKED, Outcome.ABORTED_AND_BLOCKED):
-                            if self.blocked_since is None:
-                                self.blocked_since = time.perf_counter()
-                            sel.unregister(ch.sock)
-                            blocked.append(ch)
-                        elif d.outcome is Outcome.TRIGGERED:
-                            self._snapshot(d.checkpoint_id)  # type: ignore[arg-type]
-                            for b in blocked:
-                                sel.register(b.sock, selectors.EVENT_READ, b)
-                                runnable.append(b)
-                            blocked.clear()
-                    elif kind == codec.FrameKind.END:
-                        ch.ended = True
-                        sel.unregister(ch.sock)
-                        d = aligner.on_end_of_stream(ch.id)
-                        if d.outcome is Outcome.TRIGGERED:
-                            self._snapshot(d.checkpoint_id)  # type: ignore[arg-type]
-                            for b in blocked:
-                                sel.register(b.sock, selectors.EVENT_READ, b)
-                                runnable.append(b)
-                            blocked.clear()
-                        if aligner.all_ended:
-                            self._finish()
+                    self._on_frame(ch, frame[0], frame[1], sel, blocked)
             if self.stop:
                 break
             for key, _ in sel.select():

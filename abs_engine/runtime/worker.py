@@ -18,17 +18,19 @@ import traceback
 from typing import Any
 
 from .. import messages
-from ..checkpoint.storage import decode_state
+from ..checkpoint.storage import decode_snapshot
 from ..errors import CheckpointError, CheckpointErrorReason
 from ..plan import Plan
 from .channel import ChannelClosed, OutputChannel, accept_inputs
 from .control import ControlLink, DriverGone
-from .task import OperatorFailure, Output, SnapshotWriter, Task
+from .output import OperatorFailure, Output
+from .task import LoopNotQuiet, Task
+from .writer import SnapshotWriter
 
 CONNECT_TIMEOUT = 60.0
 
 
-def _load_state(restore: dict[str, Any]) -> dict[str, Any]:
+def _load_state(restore: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     path = restore["path"]
     try:
         with open(path, "rb") as f:
@@ -37,7 +39,7 @@ def _load_state(restore: dict[str, Any]) -> dict[str, Any]:
         raise CheckpointError(CheckpointErrorReason.MISSING_FILE, f"cannot read state file {path}: {e}") from e
     if hashlib.sha256(blob).hexdigest() != restore["sha256"]:
         raise CheckpointError(CheckpointErrorReason.CHECKSUM_MISMATCH, f"state file {path} fails its checksum")
-    return decode_state(blob, path)
+    return decode_snapshot(blob, path)
 
 
 def _run(control: ControlLink, listener: socket.socket, task_id: str, generation: int) -> None:
@@ -73,8 +75,11 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
         for n, op in zip(names, ops):
             current = n
             op.open(ctx(n))
+        replay: list[Any] = []
         if deploy.restore is not None:
-            states = _load_state(deploy.restore)
+            states, logs = _load_state(deploy.restore)
+            for records in logs.values():
+                replay += records
             for n, op in ([(source_name, source)] if source is not None else []) + list(zip(names, ops)):
                 current = n
                 if n in states:
@@ -107,7 +112,8 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
         os._exit(1)
 
     writer = SnapshotWriter(control, task_id, writer_failed)
-    task = Task(spec, names, ops, source, source_name, outputs, inputs, control, writer, deploy.checkpoint_dir)
+    task = Task(spec, names, ops, source, source_name, outputs, inputs, control, writer, deploy.checkpoint_dir,
+                replay)
     control.send(messages.Running(task_id))
     task.run()
     writer.flush()
@@ -138,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     except OperatorFailure as e:
         cause = e.__cause__ or e
         _report(control, task_id, e.operator, "".join(traceback.format_exception(cause)), e.fatal)
+        return 1
+    except LoopNotQuiet as e:
+        _report(control, task_id, "<loop>", str(e), True)
         return 1
     except ChannelClosed as e:
         # Collateral damage: the driver attributes the failure to the producer that died.

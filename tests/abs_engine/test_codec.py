@@ -261,10 +261,14 @@ MESSAGE_STRATEGIES: dict[type[messages.Message], st.SearchStrategy[Any]] = {
         size=st.integers(0, 2**63 - 1),
         sha256=text,
         alignment_ms=st.floats(allow_nan=False),
+        logged=st.integers(0, 2**63 - 1),
+        finished=st.booleans(),
     ),
     messages.Finished: st.builds(messages.Finished, task=text, records_in=i64, records_out=i64),
     messages.Progress: st.builds(messages.Progress, task=text, records_in=i64, records_out=i64),
     messages.Committed: st.builds(messages.Committed, task=text),
+    messages.InputsEnded: st.builds(messages.InputsEnded, task=text),
+    messages.EndLoop: st.builds(messages.EndLoop, checkpoint_id=i64),
     messages.Failed: st.builds(messages.Failed, task=text, operator=text, traceback=text, fatal=st.booleans()),
 }
 

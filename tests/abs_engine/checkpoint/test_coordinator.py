@@ -49,7 +49,8 @@ def make(storage, clock, interval=1.0, timeout=10.0, max_in_flight=1, next_id=1,
     return c
 
 
-def ack(storage: CheckpointStorage, cid: int, task: str, alignment_ms: float = 0.0) -> messages.Ack:
+def ack(storage: CheckpointStorage, cid: int, task: str, alignment_ms: float = 0.0,
+        logged: int = 0, finished: bool = False) -> messages.Ack:
     """Write the task's state file like the SnapshotWriter does, and build its Ack."""
     blob = codec.pack({"task": task, "checkpoint_id": cid, "operators": {task.split("#")[0]: codec.pack(cid)}})
     d = storage.dir_of(cid)
@@ -57,7 +58,8 @@ def ack(storage: CheckpointStorage, cid: int, task: str, alignment_ms: float = 0
     fname = f"{task}.state"
     with open(os.path.join(d, fname), "wb") as f:
         f.write(blob)
-    return messages.Ack(cid, task, fname, len(blob), hashlib.sha256(blob).hexdigest(), alignment_ms)
+    return messages.Ack(cid, task, fname, len(blob), hashlib.sha256(blob).hexdigest(), alignment_ms,
+                        logged, finished)
 
 
 def ack_all(coord, storage, cid, tasks=TASKS):
