@@ -6,6 +6,7 @@ Operators never import the runtime or the executors: they see only an OperatorCo
 from .base import Operator, OperatorContext, Sink, Source
 from .basic import Filter, FlatMap, Identity, Map
 from .files import FileSink, TextFileSource
+from .generators import RangeSource
 from .keyed import Count, CountFinal, Reduce, ReduceFinal
 
 __all__ = [
@@ -22,5 +23,6 @@ __all__ = [
     "Reduce",
     "ReduceFinal",
     "TextFileSource",
+    "RangeSource",
     "FileSink",
 ]

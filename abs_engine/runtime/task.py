@@ -35,6 +35,7 @@ from .output import OperatorFailure, Output
 from .writer import SnapshotWriter
 
 PROGRESS_EVERY = 0.5  # seconds between progress reports of a source
+GATHER_MAX = 8192  # records gathered from buffered frames before they are processed
 
 
 class LoopNotQuiet(Exception):
@@ -79,6 +80,7 @@ class Task:
         self.blocked_since: float | None = None
         self.last_snapshot = 0  #: a trigger for an id <= this is a duplicate (e.g. barrier then direct)
         self.runnable: deque[InputChannel] = deque()
+        self.gathered: list[Any] = []
         if self.back:
             for out in outputs:
                 for ch in out.channels:
@@ -262,20 +264,36 @@ class Task:
                 last_progress = now
                 control.send(messages.Progress(self.spec.id, self.records_in, self.records_out))
 
+    def _flush(self) -> None:
+        """Process the records gathered from the buffered frames of all channels as one batch.
+
+        Invariant: called before any barrier or end of stream is handled, so every record
+        gathered is processed on the same side of a snapshot as it would be alone. Gathering
+        keeps batches large where hash exchanges split them (round a loop they would halve
+        on every trip)."""
+        if self.gathered:
+            batch, self.gathered = self.gathered, []
+            self.records_in += len(batch)
+            self._emit(self._process(batch, 0))
+
     def _on_frame(self, ch: InputChannel, kind: int, payload: bytes,
                   sel: selectors.BaseSelector, blocked: list[InputChannel]) -> None:
         if kind == codec.FrameKind.RECORDS:
-            batch = list(codec.unpack(payload))
+            batch = codec.unpack(payload)
             if ch.back_edge:
                 if self.loop_ended:
                     raise LoopNotQuiet(
                         f"records arrived on back-edge {ch.id} after the loop was proven drained: an operator "
                         "in the loop emitted records at end of input (finish()); loops must be quiet then"
                     )
+                # Logged now: if a snapshot was taken, these are processed after it.
                 self.backlog.on_records(ch.id, batch)
-            self.records_in += len(batch)
-            self._emit(self._process(batch, 0))
-        elif kind == codec.FrameKind.BARRIER:
+            self.gathered.extend(batch)
+            if len(self.gathered) >= GATHER_MAX:
+                self._flush()
+            return
+        self._flush()
+        if kind == codec.FrameKind.BARRIER:
             cid = codec.unpack(payload)
             if ch.back_edge:
                 if not self.loop_ended:
@@ -334,6 +352,7 @@ class Task:
                     if frame is None:
                         break
                     self._on_frame(ch, frame[0], frame[1], sel, blocked)
+            self._flush()
             if self.stop:
                 break
             for key, _ in sel.select():
