@@ -87,7 +87,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         "tasks": {
             t: {"file": e.file, "bytes": e.size, "sha256": e.sha256,
                 "alignment_ms": round(meta.alignment_ms.get(t, 0.0), 3),
-                "state": jsonable(storage.read_state(cid, t))}
+                "state": jsonable(storage.read_state(cid, t)),
+                "back_edge_logs": jsonable(storage.read_logs(cid, t))}
             for t, e in sorted(meta.tasks.items())
         },
     }
@@ -100,6 +101,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             for op, state in info["state"].items():
                 text = json.dumps(state)
                 print(f"    {op}: {text[:200]}{'...' if len(text) > 200 else ''}")
+            for ch, records in info["back_edge_logs"].items():
+                text = json.dumps(records)
+                print(f"    back-edge {ch}: {len(records)} record(s) logged in flight: "
+                      f"{text[:160]}{'...' if len(text) > 160 else ''}")
     return 0
 
 

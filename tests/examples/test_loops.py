@@ -1,0 +1,144 @@
+"""Cyclic dataflows end to end: exactly-once under SIGKILLs while the loop is busy,
+conservation of money in every checkpoint, termination (and non-termination)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from abs_engine import Dataflow
+from abs_engine.checkpoint.storage import CheckpointStorage
+from abs_engine.testing import CapturingSink, RandomKills, TestingSource
+from examples import bank, collatz
+from operators import Operator, RangeSource
+
+pytestmark = pytest.mark.slow
+
+
+def golden_then_killed(build, tmp_path, read, kills: int, seed: int, **run) -> tuple[Any, Any, Any]:
+    golden_out = str(tmp_path / "golden.tsv")
+    t0 = time.monotonic()
+    build(golden_out).run(mode="none")
+    golden_s = time.monotonic() - t0
+    out = str(tmp_path / "killed.tsv")
+    chaos = RandomKills.uniform(kills, within=0.6 * golden_s, seed=seed, start=0.05)
+    res = build(out).run(chaos=chaos, restart_delay=0, **run)
+    assert res.kills == kills, chaos.killed
+    return read(golden_out), read(out), res
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_collatz_loop_exactly_once_under_sigkill(tmp_path, parallelism):
+    n = 30_000
+    golden, killed, res = golden_then_killed(
+        lambda out: collatz.build_flow(n, out, parallelism), tmp_path, collatz.read_output,
+        kills=3, seed=parallelism, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
+    assert golden == collatz.oracle(n)
+    assert killed == golden
+    assert res.restarts >= 1
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_bank_loop_exactly_once_and_conserved_in_every_checkpoint(tmp_path, parallelism):
+    accounts, transfers, seed = 50, 150_000, parallelism
+    ck = str(tmp_path / "ck")
+    golden, killed, res = golden_then_killed(
+        lambda out: bank.build_flow(accounts, transfers, seed, out, parallelism), tmp_path, bank.read_output,
+        kills=3, seed=10 + parallelism, checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000)
+    assert golden == bank.oracle(accounts, transfers, seed)
+    assert killed == golden
+    storage = CheckpointStorage(ck)
+    ids = storage.completed_ids()
+    assert len(ids) >= 3
+    logged = 0
+    for cid in ids:
+        assert bank.conserved_total(storage, cid, accounts) == bank.INITIAL * accounts, cid
+        logged += sum(len(v) for t in storage.load_metadata(cid).tasks for v in storage.read_logs(cid, t).values())
+    assert logged > 0, "no checkpoint caught money in flight: the check would be vacuous"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_bank_conservation_over_many_seeds(tmp_path, seed):
+    accounts, ck = 20 + seed, str(tmp_path / "ck")
+    flow = bank.build_flow(accounts, 60_000, seed, str(tmp_path / "out.tsv"), parallelism=1 + seed % 3)
+    flow.run(checkpoint_interval=0.01, checkpoint_dir=ck, retained_checkpoints=10_000)
+    storage = CheckpointStorage(ck)
+    for cid in storage.completed_ids():
+        assert bank.conserved_total(storage, cid, accounts) == bank.INITIAL * accounts, cid
+    assert bank.read_output(str(tmp_path / "out.tsv")) == bank.oracle(accounts, 60_000, seed)
+
+
+def forever(x: int) -> int:
+    return x + 1
+
+
+def test_a_loop_that_never_drains_keeps_checkpointing_and_does_not_finish(tmp_path):
+    flow = Dataflow("forever", parallelism=2)
+    loop = flow.feedback()
+    spin = flow.source(RangeSource(100)).union(loop).map(forever)
+    loop.connect(spin)
+    spin.filter(lambda x: x < 0).sink(CapturingSink(tmp_path / "none"))
+    res = flow.run(checkpoint_interval=0.02, stop_when=lambda r: len(r.checkpoints) >= 8)
+    assert res.cancelled
+    assert len(res.checkpoints) >= 8 and not any(c.final for c in res.checkpoints)
+
+
+def nested_oracle(x: int) -> tuple[int, int]:
+    outer = inner_total = 0
+    while True:
+        inner_total += x % 3  # the inner loop runs x % 3 times per outer round
+        if outer == x % 4:
+            return outer, inner_total
+        outer += 1
+
+
+def inner_step(r: Any) -> Any:
+    x, outer, inner, total = r
+    return (x, outer, inner + 1, total + 1) if inner < x % 3 else r
+
+
+def outer_step(r: Any) -> Any:
+    x, outer, inner, total = r
+    return ("out", x, outer, total) if outer == x % 4 else ("again", x, outer + 1, 0, total)
+
+
+class MapOp(Operator):
+    def __init__(self, fn):
+        self.fn = fn
+
+    def process(self, batch):
+        return [self.fn(r) for r in batch]
+
+
+def nested_flow(sink: CapturingSink) -> Dataflow:
+    flow = Dataflow("nested", parallelism=2)
+    outer_fb, inner_fb = flow.feedback(name="outer_fb"), flow.feedback(name="inner_fb")
+    start = flow.source(TestingSource(range(2_000), batch_size=64)).map(lambda x: (x, 0, 0, 0))
+    outer_in = start.union(outer_fb, name="outer_in")
+    inner = outer_in.union(inner_fb, name="inner_in").key_by(lambda r: r[0]).apply_keyed(MapOp(inner_step),
+                                                                                          name="inner")
+    inner_fb.connect(inner.filter(lambda r: r[2] < r[0] % 3))
+    outer = inner.filter(lambda r: r[2] >= r[0] % 3).key_by(lambda r: r[0]).apply_keyed(MapOp(outer_step),
+                                                                                         name="outer")
+    outer_fb.connect(outer.filter(lambda r: r[0] == "again").map(lambda r: (r[1], r[2], r[3], r[4])))
+    outer.filter(lambda r: r[0] == "out").map(lambda r: (r[1], r[2], r[3])).sink(sink, parallelism=1)
+    return flow
+
+
+def test_nested_loops_with_keyed_exchanges(tmp_path):
+    """An outer loop around an inner loop, both through hash exchanges, parallelism 2."""
+    expected = sorted((x, *nested_oracle(x)) for x in range(2_000))
+    golden = CapturingSink(tmp_path / "golden")
+    flow = nested_flow(golden)
+    assert len(flow.compile().back_edges) == 2
+    t0 = time.monotonic()
+    flow.run(mode="none")
+    golden_s = time.monotonic() - t0
+    assert sorted(golden.records()) == expected
+    sink = CapturingSink(tmp_path / "out")
+    chaos = RandomKills.uniform(2, within=0.6 * golden_s, seed=3, start=0.05)
+    res = nested_flow(sink).run(checkpoint_interval=0.02, chaos=chaos, restart_delay=0)
+    assert res.kills == 2
+    assert sorted(sink.records()) == expected
