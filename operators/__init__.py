@@ -1,6 +1,7 @@
 """The operator library of abs-engine: the ABCs and the built-in operators.
 
 Operators never import the runtime or the executors: they see only an OperatorContext.
+Spark operators live in ``operators.spark`` (imported on demand: PySpark is heavy).
 """
 
 from .base import Operator, OperatorContext, Sink, Source

@@ -67,6 +67,13 @@ class Source(ABC):
     def check(self) -> None:
         """Called in the driver before the job starts: raise InputError for a missing input."""
 
+    def driver_start(self) -> None:
+        """Called in the driver after check(), before the operator is shipped to the workers
+        (it may set what the workers need, e.g. a server address). Once per job."""
+
+    def driver_stop(self) -> None:
+        """Called in the driver when the job has ended, however it ended."""
+
     @abstractmethod
     def read_batch(self) -> list[Any] | None:
         """Return the next batch (may be empty), or None when the input is exhausted."""

@@ -82,7 +82,7 @@ class LocalExecutor:
         self.graph = graph
         self.plan = plan
         self.config = config
-        self.code = ship_code(graph)
+        self.code = b""  # shipped after the driver hooks ran (they may set addresses)
         self.fingerprint = plan.fingerprint()
         self.result = JobResult(job=plan.job)
         self.source_tasks = [t.id for t in plan.tasks if plan.chain(t.chain).is_source]
@@ -91,11 +91,26 @@ class LocalExecutor:
     # ---- the job --------------------------------------------------------------------------
 
     def run(self) -> JobResult:
-        cfg = self.config
-        for node in self.graph.nodes.values():
-            check = getattr(node.template, "check", None)
+        templates = [n.template for n in self.graph.nodes.values()]
+        for t in templates:
+            check = getattr(t, "check", None)
             if check is not None:
                 check()
+        started = []
+        try:
+            for t in templates:
+                start = getattr(t, "driver_start", None)
+                if start is not None:
+                    start()
+                    started.append(t)
+            self.code = ship_code(self.graph)
+            return self._run()
+        finally:
+            for t in started:
+                t.driver_stop()
+
+    def _run(self) -> JobResult:
+        cfg = self.config
         temp = cfg.checkpoint_dir is None
         ckdir = tempfile.mkdtemp(prefix="abs-engine-ckpt-") if temp else os.path.abspath(cfg.checkpoint_dir)
         os.makedirs(ckdir, exist_ok=True)

@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except OperatorFailure as e:
         cause = e.__cause__ or e
-        _report(control, task_id, e.operator, "".join(traceback.format_exception(cause)), e.fatal)
+        fatal = e.fatal or bool(getattr(cause, "fatal", False))  # e.g. a source that changed under us
+        _report(control, task_id, e.operator, "".join(traceback.format_exception(cause)), fatal)
         return 1
     except LoopNotQuiet as e:
         _report(control, task_id, "<loop>", str(e), True)

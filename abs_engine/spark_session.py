@@ -1,0 +1,74 @@
+"""The embedded, quiet, local SparkSession the engine starts when the user gives none.
+
+Quiet: no UI, no console progress, logs at ERROR. Bound to loopback. Spark's Python
+workers run this same interpreter. Partition sizing is pinned (maxPartitionBytes,
+openCostInBytes, default parallelism) so a file-backed DataFrame splits the same way on
+every run, which is what makes (partition, row) offsets replayable.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+from .errors import InputError
+
+#: Pinned so file splits do not depend on the machine's core count.
+PINNED_CONF = {
+    "spark.sql.files.maxPartitionBytes": str(16 << 20),
+    "spark.sql.files.openCostInBytes": str(4 << 20),
+    "spark.default.parallelism": "8",
+    "spark.sql.files.minPartitionNum": "1",
+}
+
+_lock = threading.Lock()
+_embedded: Any = None
+
+
+def embedded_session() -> Any:
+    """The process's embedded local SparkSession, started on first use."""
+    global _embedded
+    with _lock:
+        if _embedded is not None and not _embedded.sparkContext._jsc.sc().isStopped():
+            return _embedded
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        try:
+            from pyspark.sql import SparkSession
+
+            builder = (
+                SparkSession.builder.master(f"local[{max(2, os.cpu_count() or 2)}]")
+                .appName("abs-engine")
+                .config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.driver.host", "127.0.0.1")
+                .config("spark.driver.bindAddress", "127.0.0.1")
+                .config("spark.sql.shuffle.partitions", "8")
+            )
+            for k, v in PINNED_CONF.items():
+                builder = builder.config(k, v)
+            spark = builder.getOrCreate()
+        except Exception as e:  # noqa: BLE001 - a missing JVM shows up as many exception types
+            raise InputError(
+                f"Spark could not start ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else e}). "
+                "abs-engine reads Spark DataFrames through PySpark, which needs Java 17: install it "
+                "(e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME, or use --source file"
+            ) from e
+        spark.sparkContext.setLogLevel("ERROR")
+        _embedded = spark
+        return spark
+
+
+def stop_embedded() -> None:
+    global _embedded
+    with _lock:
+        if _embedded is not None:
+            _embedded.stop()
+            _embedded = None
+
+
+def is_embedded(spark: Any) -> bool:
+    return spark is not None and spark is _embedded

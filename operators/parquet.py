@@ -1,0 +1,106 @@
+"""An exactly-once Parquet sink: the dataflow's output back to Spark (spark.read.parquet).
+
+Two-phase commit like FileSink: rows received since barrier n-1 are staged *in checkpoint
+n*; when n completes they are written as ``part-<subtask>-<epoch>.parquet`` (temp file,
+fsync, rename: a reader never sees half a file). The file name carries the epoch, so
+publishing is idempotent. On restore from checkpoint n, this subtask's files of epochs
+after n are deleted (rolled back) and the epochs n held pending are written again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Sequence
+
+from abs_engine.errors import InputError
+
+from .base import OperatorContext, Sink
+
+_PART = re.compile(r"^part-(\d{5})-(\d{6,})\.parquet$")
+
+
+class ParquetSink(Sink):
+    """Records are tuples (or single values with one column) written under ``columns``."""
+
+    def __init__(self, path: str | os.PathLike[str], columns: Sequence[str]):
+        self.path = os.fspath(path)
+        self.columns = list(columns)
+        if not self.columns:
+            raise ValueError("ParquetSink needs at least one column name")
+        self.buffer: list[Any] = []
+        self.pending: list[tuple[int, list[Any]]] = []
+
+    def check(self) -> None:
+        parent = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(parent):
+            raise InputError(f"cannot write Parquet output {self.path!r}: directory {parent!r} does not exist")
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        os.makedirs(self.path, exist_ok=True)
+        for name in os.listdir(self.path):
+            if name.startswith(f".tmp-{ctx.subtask_index:05d}-"):
+                os.remove(os.path.join(self.path, name))  # a crash mid-write
+        if not ctx.restored:
+            self._delete_mine(after=-1)
+            if ctx.subtask_index == 0:  # parts of a wider earlier run
+                for name in os.listdir(self.path):
+                    m = _PART.match(name)
+                    if m and int(m.group(1)) >= ctx.parallelism:
+                        os.remove(os.path.join(self.path, name))
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        self.buffer.extend(batch)
+        return []
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        if self.buffer:
+            self.pending.append((checkpoint_id, self.buffer))
+            self.buffer = []
+        return {"checkpoint": checkpoint_id, "pending": [[e, rows] for e, rows in self.pending]}
+
+    def restore(self, state: Any) -> None:
+        self.pending = [(int(e), list(rows)) for e, rows in state["pending"]]
+        self.buffer = []
+        # Epochs after the restored checkpoint were published by the failed attempt: roll back.
+        self._delete_mine(after=int(state["checkpoint"]))
+        self._publish(upto=None)  # pending epochs of a completed checkpoint are committed
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self._publish(upto=checkpoint_id)
+
+    def _mine(self) -> list[tuple[int, str]]:
+        out = []
+        for name in os.listdir(self.path):
+            m = _PART.match(name)
+            if m and int(m.group(1)) == self.ctx.subtask_index:
+                out.append((int(m.group(2)), name))
+        return out
+
+    def _delete_mine(self, after: int) -> None:
+        for epoch, name in self._mine():
+            if epoch > after:
+                os.remove(os.path.join(self.path, name))
+
+    def _publish(self, upto: int | None) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        keep = []
+        for epoch, rows in self.pending:
+            if upto is not None and epoch > upto:
+                keep.append((epoch, rows))
+                continue
+            if len(self.columns) == 1:
+                cols = [list(rows)]
+            else:
+                cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in self.columns]
+            table = pa.table(dict(zip(self.columns, cols)))
+            final = os.path.join(self.path, f"part-{self.ctx.subtask_index:05d}-{epoch:06d}.parquet")
+            tmp = os.path.join(self.path, f".tmp-{self.ctx.subtask_index:05d}-{epoch:06d}.parquet")
+            pq.write_table(table, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        self.pending = keep

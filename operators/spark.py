@@ -1,0 +1,271 @@
+"""Spark DataFrames as replayable sources.
+
+``SparkSource(df)`` assigns the DataFrame's partitions to the source subtasks (partition p
+to subtask p % parallelism). A subtask's offset is (index of its current partition, rows
+consumed in it); it goes into the checkpoint, and after a failure the subtask asks the
+driver for that partition from that row: partitions before it are not read again. Rows
+travel as Arrow record batches (see abs_engine.spark_server).
+
+Determinism: a (partition, row) offset means something only if the DataFrame yields the
+same rows in the same partitions in the same order every time it is computed. File-backed
+DataFrames (text, CSV, Parquet) without shuffles do, given the same files and the same
+partition sizing; the embedded session pins the sizing settings. A DataFrame with a shuffle,
+``orderBy`` without a total order, ``sample`` or non-deterministic columns is not
+replayable: sort it by a unique key, or write it to files first. The source records a
+fingerprint (partition count, input files with sizes and modification times, schema) in
+every offset and refuses to restore into a DataFrame whose fingerprint differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import uuid
+from typing import Any
+
+from abs_engine import codec
+from abs_engine.errors import AbsEngineError, InputError
+
+from .base import OperatorContext, Source
+
+
+class SourceChangedError(AbsEngineError):
+    """A restored offset does not match the DataFrame any more (retrying cannot help)."""
+
+    fatal = True
+
+
+class SparkReadError(InputError):
+    """Spark failed to read a partition (a corrupt file, say): retrying cannot help."""
+
+    fatal = True
+
+
+def dataframe_fingerprint(df: Any) -> tuple[str, int]:
+    """(fingerprint, partition count) of a DataFrame, from its plan's inputs, not its data."""
+    n = df.rdd.getNumPartitions()
+    files = []
+    for f in sorted(df.inputFiles()):
+        path = f[len("file:"):] if f.startswith("file:") else f
+        path = path.replace("///", "/") if path.startswith("///") else path
+        try:
+            st = os.stat(path)
+            files.append([f, st.st_size, int(st.st_mtime_ns)])
+        except OSError:
+            files.append([f, -1, -1])
+    doc = [n, files, df.schema.json()]
+    return hashlib.sha256(codec.pack(doc)).hexdigest()[:16], n
+
+
+class SparkSource(Source):
+    """Rows of a Spark DataFrame. With ``column`` (or a one-column DataFrame) each record is
+    that column's value; otherwise a tuple of all columns."""
+
+    def __init__(self, df: Any, column: str | None = None, expect: type | None = None,
+                 allow_empty: bool = False, owns_session: bool = False):
+        self._df = df
+        self.column = column
+        self.expect = expect
+        self.allow_empty = allow_empty
+        self._owns_session = owns_session
+        self.source_id = uuid.uuid4().hex[:12]
+        self.address: tuple[str, int] | None = None
+        self.fingerprint = ""
+        self.num_partitions = 0
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    @classmethod
+    def _read(cls, what: str, path: str, spark: Any, reader: Any, **kw: Any) -> "SparkSource":
+        from abs_engine.spark_session import embedded_session
+
+        owns = spark is None
+        spark = spark or embedded_session()
+        if not os.path.exists(path):
+            raise InputError(f"{what} input {path!r} does not exist: pass an existing file or directory")
+        try:
+            df = reader(spark.read, path)
+        except Exception as e:  # noqa: BLE001 - AnalysisException, SparkException, Py4JJavaError
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InputError(f"Spark cannot read {what} input {path!r}: {first}") from e
+        return cls(df, owns_session=owns, **kw)
+
+    @classmethod
+    def text(cls, path: str | os.PathLike[str], spark: Any = None, **kw: Any) -> "SparkSource":
+        """Lines of text files (a file or a directory of files)."""
+        return cls._read("text", os.fspath(path), spark, lambda r, p: r.text(p), column="value", expect=str, **kw)
+
+    @classmethod
+    def csv(cls, path: str | os.PathLike[str], spark: Any = None, column: str | None = None,
+            header: bool = True, **kw: Any) -> "SparkSource":
+        return cls._read("CSV", os.fspath(path), spark, lambda r, p: r.csv(p, header=header), column=column, **kw)
+
+    @classmethod
+    def parquet(cls, path: str | os.PathLike[str], spark: Any = None, column: str | None = None,
+                **kw: Any) -> "SparkSource":
+        return cls._read("Parquet", os.fspath(path), spark, lambda r, p: r.parquet(p), column=column, **kw)
+
+    # ---- driver side -----------------------------------------------------------------
+
+    def check(self) -> None:
+        from pyspark.sql.types import StringType
+
+        if self._df is None:
+            return
+        cols = self._df.columns
+        if self.column is not None and self.column not in cols:
+            raise InputError(f"column {self.column!r} is not in the DataFrame (columns: {cols})")
+        if self.expect is str:
+            name = self.column or (cols[0] if len(cols) == 1 else None)
+            if name is None:
+                raise InputError(f"a text source needs one column; pass column= (columns: {cols})")
+            dtype = self._df.schema[name].dataType
+            if not isinstance(dtype, StringType):
+                raise InputError(
+                    f"column {name!r} has type {dtype.simpleString()}, not string: this job needs text; "
+                    f"cast it (df.withColumn({name!r}, col({name!r}).cast('string'))) or choose another column"
+                )
+
+    def driver_start(self) -> None:
+        """Called in the driver before the job starts: register with the partition server."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from abs_engine.spark_server import partition_server
+
+        df = self._df
+        if self.column is not None:
+            df = df.select(self.column)
+        elif len(df.columns) == 1:
+            self.column = df.columns[0]
+        self._served = df
+        self.fingerprint, self.num_partitions = dataframe_fingerprint(df)
+        if not self.allow_empty and (self.num_partitions == 0 or df.isEmpty()):
+            raise InputError("the DataFrame is empty: there is nothing to read (pass allow_empty=True to accept)")
+        conf = df.sparkSession.conf
+        schema = to_arrow_schema(
+            df.schema, timezone=conf.get("spark.sql.session.timeZone"),
+            prefers_large_types=conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true",
+        )
+        server = partition_server()
+        server.register(self.source_id, df, self.fingerprint, schema)
+        self.address = server.address
+
+    def driver_stop(self) -> None:
+        from abs_engine.spark_server import partition_server
+
+        server = partition_server()
+        if self.source_id in server.sources:
+            self._delivered = server.stats(self.source_id).delivered
+        server.unregister(self.source_id)
+        if self._owns_session:
+            from abs_engine.spark_session import stop_embedded
+
+            stop_embedded()
+
+    def delivered_rows(self) -> int:
+        """Rows the driver has sent to subtasks (driver side; counted across restarts)."""
+        from abs_engine.spark_server import partition_server
+
+        server = partition_server()
+        if self.source_id in server.sources:
+            return server.stats(self.source_id).delivered
+        return getattr(self, "_delivered", 0)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Only plain data goes to the workers: never the DataFrame or the session.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_df", "_served")} | {"_df": None}
+
+    # ---- worker side -----------------------------------------------------------------
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self.mine = [p for p in range(self.num_partitions) if p % ctx.parallelism == ctx.subtask_index]
+        self.next = 0  #: index into self.mine
+        self.rows = 0  #: rows of self.mine[self.next] already emitted
+        self._streams: dict[int, _PartitionStream] = {}
+
+    def _stream(self, i: int) -> "_PartitionStream":
+        s = self._streams.get(i)
+        if s is None:
+            assert self.address is not None
+            start = self.rows if i == self.next else 0
+            s = _PartitionStream(self.address, [self.source_id, self.fingerprint, self.mine[i], start])
+            self._streams[i] = s
+        return s
+
+    def read_batch(self) -> list[Any] | None:
+        if self.next >= len(self.mine):
+            return None
+        current = self._stream(self.next)
+        if self.next + 1 < len(self.mine):
+            self._stream(self.next + 1)  # prefetch: Spark computes the next partition meanwhile
+        batch = current.next_batch()
+        if batch is None:
+            current.close()
+            del self._streams[self.next]
+            self.next += 1
+            self.rows = 0
+            return []
+        self.rows += batch.num_rows
+        if self.column is not None:
+            return batch.column(0).to_pylist()
+        return list(zip(*(c.to_pylist() for c in batch.columns)))
+
+    def _close(self) -> None:
+        for s in self._streams.values():
+            s.close()
+        self._streams = {}
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        return {"fingerprint": self.fingerprint, "partitions": self.num_partitions,
+                "next": self.next, "rows": self.rows}
+
+    def restore(self, state: Any) -> None:
+        if state["fingerprint"] != self.fingerprint:
+            why = (f"it had {state['partitions']} partitions, now {self.num_partitions}"
+                   if state["partitions"] != self.num_partitions else "its input files or schema changed")
+            raise SourceChangedError(
+                f"the checkpoint's offset (partition {state['next']}, row {state['rows']}) no longer matches "
+                f"the DataFrame: {why}. Restore with the same input, or start afresh in an empty checkpoint dir"
+            )
+        self._close()
+        self.next, self.rows = int(state["next"]), int(state["rows"])
+
+    def close(self) -> None:
+        self._close()
+
+
+class _PartitionStream:
+    """One request to the driver's partition server: (partition, first row) -> batches."""
+
+    def __init__(self, address: tuple[str, int], request: list[Any]):
+        self.conn = socket.create_connection(address)
+        self.conn.sendall(codec.frame(codec.FrameKind.CONTROL, codec.pack(request)))
+        self.reader = codec.FrameReader()
+        self.schema: Any = None
+
+    def _recv(self) -> tuple[int, bytes]:
+        while (f := self.reader.next_frame()) is None:
+            data = self.conn.recv(1 << 20)
+            if not data:
+                raise SparkReadError("the driver's Spark partition server closed the connection")
+            self.reader.feed(data)
+        return f
+
+    def next_batch(self) -> Any:
+        """The next Arrow record batch, or None at the end of the partition."""
+        import pyarrow as pa
+
+        kind, payload = self._recv()
+        if kind == 10 and self.schema is None:
+            self.schema = pa.ipc.read_schema(pa.py_buffer(payload))
+            kind, payload = self._recv()
+        if kind == 11:
+            return pa.ipc.read_record_batch(pa.py_buffer(payload), self.schema)
+        if kind == 12:
+            return None
+        raise SparkReadError(codec.unpack(payload) if kind == 13 else f"unexpected frame {kind} from the driver")
+
+    def close(self) -> None:
+        self.conn.close()
