@@ -18,9 +18,8 @@ from .errors import InputError
 #: Pinned so file splits do not depend on the machine's core count.
 PINNED_CONF = {
     "spark.sql.files.maxPartitionBytes": str(16 << 20),
-    "spark.sql.files.openCostInBytes": str(4 << 20),
+    "spark.sql.files.openCostInBytes": str(1 << 20),
     "spark.default.parallelism": "8",
-    "spark.sql.files.minPartitionNum": "1",
 }
 
 _lock = threading.Lock()

@@ -80,10 +80,10 @@ class SparkSource(Source):
     def _read(cls, what: str, path: str, spark: Any, reader: Any, **kw: Any) -> "SparkSource":
         from abs_engine.spark_session import embedded_session
 
-        owns = spark is None
-        spark = spark or embedded_session()
         if not os.path.exists(path):
             raise InputError(f"{what} input {path!r} does not exist: pass an existing file or directory")
+        owns = spark is None
+        spark = spark or embedded_session()
         try:
             df = reader(spark.read, path)
         except Exception as e:  # noqa: BLE001 - AnalysisException, SparkException, Py4JJavaError
@@ -139,8 +139,14 @@ class SparkSource(Source):
         elif len(df.columns) == 1:
             self.column = df.columns[0]
         self._served = df
-        self.fingerprint, self.num_partitions = dataframe_fingerprint(df)
-        if not self.allow_empty and (self.num_partitions == 0 or df.isEmpty()):
+        try:
+            self.fingerprint, self.num_partitions = dataframe_fingerprint(df)
+            empty = self.num_partitions == 0 or df.isEmpty()
+        except Exception as e:  # noqa: BLE001 - Py4JJavaError wrapping a SparkException
+            text = str(e)
+            first = next((ln for ln in text.splitlines() if "Exception" in ln or "[" in ln), text[:300])
+            raise InputError(f"Spark cannot read the source's input: {first.strip()}") from e
+        if not self.allow_empty and empty:
             raise InputError("the DataFrame is empty: there is nothing to read (pass allow_empty=True to accept)")
         conf = df.sparkSession.conf
         schema = to_arrow_schema(

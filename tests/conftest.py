@@ -35,3 +35,30 @@ def batch_word_count(path: str) -> collections.Counter[str]:
         for line in f:
             c.update(line.split())
     return c
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One quiet local SparkSession for the whole test run (start-up is paid once)."""
+    from abs_engine.spark_session import embedded_session, stop_embedded
+
+    session = embedded_session()
+    yield session
+    stop_embedded()
+
+
+@pytest.fixture(scope="session")
+def text_dir(corpus_dir: str) -> str:
+    """A directory of 6 text files (a multi-file input), 600k words in all."""
+    d = os.path.join(corpus_dir, "multi")
+    os.makedirs(d, exist_ok=True)
+    for i in range(6):
+        write_zipf_corpus(os.path.join(d, f"part-{i}.txt"), 100_000, vocabulary=3_000, seed=100 + i)
+    return d
+
+
+def batch_word_count_dir(path: str) -> collections.Counter[str]:
+    c: collections.Counter[str] = collections.Counter()
+    for name in sorted(os.listdir(path)):
+        c.update(batch_word_count(os.path.join(path, name)))
+    return c

@@ -19,12 +19,12 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, EXAMPLE, *args], capture_output=True, text=True, timeout=110)
 
 
-@pytest.mark.parametrize("mode", ["aligned", "none"])
-def test_wordcount_cli_output_is_exact(small_corpus, tmp_path, mode):
+@pytest.mark.parametrize("mode,source", [("aligned", "file"), ("none", "file"), ("aligned", "spark")])
+def test_wordcount_cli_output_is_exact(small_corpus, tmp_path, mode, source):
     out = tmp_path / "counts.tsv"
     ck = tmp_path / "ck"
     p = run("--input", small_corpus, "--output", str(out), "--parallelism", "2",
-            "--checkpoint-interval", "0.05", "--checkpoint-dir", str(ck), "--mode", mode)
+            "--checkpoint-interval", "0.05", "--checkpoint-dir", str(ck), "--mode", mode, "--source", source)
     assert p.returncode == 0, p.stderr
     assert "output equals a plain batch count: YES" in p.stdout
     assert "source records" in p.stderr  # the progress line
@@ -40,7 +40,8 @@ def test_wordcount_cli_output_is_exact(small_corpus, tmp_path, mode):
         assert listing.returncode == 0 and " ok" in listing.stdout
 
 
-def test_wordcount_missing_input_exits_nonzero_with_reason(tmp_path):
-    p = run("--input", str(tmp_path / "missing.txt"), "--output", str(tmp_path / "o.tsv"))
+@pytest.mark.parametrize("source", ["file", "spark"])
+def test_wordcount_missing_input_exits_nonzero_with_reason(tmp_path, source):
+    p = run("--input", str(tmp_path / "missing.txt"), "--output", str(tmp_path / "o.tsv"), "--source", source)
     assert p.returncode == 1
     assert "missing.txt" in p.stderr and "does not exist" in p.stderr

@@ -1,0 +1,206 @@
+"""PySpark sources and sinks against a real local Spark (one session for the whole run)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import subprocess
+import sys
+
+import cloudpickle
+import pytest
+
+from abs_engine import Dataflow, InputError, JobFailed
+from abs_engine.testing import RandomKills, fastest_run
+from operators import FileSink
+from operators.base import OperatorContext
+from operators.parquet import ParquetSink
+from operators.spark import SourceChangedError, SparkSource
+from operators.spark_stream import SparkStreamSource
+from tests.conftest import batch_word_count_dir
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+
+def counts_file(path: str) -> collections.Counter[str]:
+    out: collections.Counter[str] = collections.Counter()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            w, n = line.rstrip("\n").split("\t")
+            assert w not in out
+            out[w] = int(n)
+    return out
+
+
+def warm_golden(build) -> float:
+    """The fastest of two uninterrupted runs (the first warms Spark's JVM)."""
+    return fastest_run(lambda: build().run(mode="none"))
+
+
+def wordcount(source, sink, parallelism=2) -> Dataflow:
+    flow = Dataflow("wc", parallelism=parallelism)
+    flow.source(source).flat_map(str.split).key_by().count_final().sink(sink, parallelism=1)
+    return flow
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_wordcount_through_spark_with_sigkills_is_exact(spark, text_dir, tmp_path, parallelism):
+    golden = str(tmp_path / "golden.tsv")
+    golden_s = warm_golden(lambda: wordcount(SparkSource.text(text_dir, spark=spark), FileSink(golden), parallelism))
+    expected = batch_word_count_dir(text_dir)
+    assert counts_file(golden) == expected
+    out = str(tmp_path / "killed.tsv")
+    src = SparkSource.text(text_dir, spark=spark)
+    chaos = RandomKills.uniform(3, within=0.6 * golden_s, seed=parallelism, start=0.1)
+    res = wordcount(src, FileSink(out), parallelism).run(checkpoint_interval=0.05, chaos=chaos, restart_delay=0)
+    assert res.kills == 3
+    assert counts_file(out) == expected
+    assert src.delivered_rows() >= sum(1 for n in os.listdir(text_dir) for _ in open(os.path.join(text_dir, n)))
+
+
+def test_resume_from_a_middle_offset_reads_only_what_it_must(spark, text_dir):
+    src = SparkSource.text(text_dir, spark=spark)
+    src.check()
+    src.driver_start()
+    try:
+        assert src.num_partitions >= 4
+        rows_by_partition = [r for r in src._served.rdd.glom().map(len).collect()]
+        all_rows = [r[0] for r in src._served.collect()]  # partition order, as Spark numbers them
+        worker = cloudpickle.loads(cloudpickle.dumps(src))  # what a subtask gets: no DataFrame
+        assert worker._df is None
+        worker.open(OperatorContext("read", 0, 1, 0, True))
+        start_partition, start_row = 3, 500
+        worker.restore({"fingerprint": src.fingerprint, "partitions": src.num_partitions,
+                        "next": start_partition, "rows": start_row})
+        before = src.delivered_rows()
+        got = []
+        while (b := worker.read_batch()) is not None:
+            got += b
+        worker.close()
+        offset = sum(rows_by_partition[:start_partition]) + start_row
+        assert got == all_rows[offset:]
+        assert src.delivered_rows() - before == len(all_rows) - offset  # nothing before it delivered
+    finally:
+        src.driver_stop()
+
+
+def test_restore_into_changed_input_is_refused(spark, text_dir, tmp_path):
+    src = SparkSource.text(text_dir, spark=spark)
+    src.driver_start()
+    src.driver_stop()
+    worker = cloudpickle.loads(cloudpickle.dumps(src))
+    worker.open(OperatorContext("read", 0, 1, 0, True))
+    with pytest.raises(SourceChangedError, match="no longer matches"):
+        worker.restore({"fingerprint": "0" * 16, "partitions": src.num_partitions + 1, "next": 0, "rows": 0})
+
+
+def test_resume_after_input_files_changed_fails_clearly(spark, text_dir, tmp_path):
+    d = tmp_path / "in"
+    shutil.copytree(text_dir, d)
+    ck, out = str(tmp_path / "ck"), str(tmp_path / "out.tsv")
+    res = wordcount(SparkSource.text(str(d), spark=spark), FileSink(out)).run(
+        checkpoint_interval=0.05, checkpoint_dir=ck, stop_when=lambda r: len(r.checkpoints) >= 2)
+    assert res.cancelled
+    with open(d / "part-0.txt", "a") as f:
+        f.write("an extra line\n")
+    with pytest.raises(JobFailed, match="no longer matches the DataFrame"):
+        wordcount(SparkSource.text(str(d), spark=spark), FileSink(out)).run(
+            checkpoint_interval=0.05, checkpoint_dir=ck, resume=True)
+
+
+def test_streaming_source_counts_each_batch_once_under_kills(spark, text_dir, tmp_path):
+    sdf = spark.readStream.option("maxFilesPerTrigger", 1).text(text_dir)
+    src = SparkStreamSource(sdf, tmp_path / "staging", available_now=True)
+    out = str(tmp_path / "out.tsv")
+    res = wordcount(src, FileSink(out)).run(
+        checkpoint_interval=0.05, chaos=RandomKills([0.8, 1.6], seed=1), restart_delay=0)
+    assert res.kills >= 1
+    assert counts_file(out) == batch_word_count_dir(text_dir)
+
+
+def test_streaming_redelivery_after_a_driver_crash_is_not_counted_twice(spark, text_dir, tmp_path):
+    """Run until some batches are delivered and checkpointed, stop the whole job (as a driver
+    crash would), let Spark re-deliver what it had not committed, resume the engine."""
+    staging, ck, out = tmp_path / "staging", str(tmp_path / "ck"), str(tmp_path / "out.tsv")
+
+    def source() -> SparkStreamSource:
+        sdf = spark.readStream.option("maxFilesPerTrigger", 1).text(text_dir)
+        return SparkStreamSource(sdf, staging, available_now=True)
+
+    first = source()
+    res = wordcount(first, FileSink(out)).run(
+        checkpoint_interval=0.05, checkpoint_dir=ck,
+        stop_when=lambda r: len(r.checkpoints) >= 3 and len(os.listdir(staging)) >= 3)
+    assert res.cancelled
+    again = source()
+    # Spark's own redelivery of a batch is the same batch id: staging it again is harmless.
+    staged = sorted(n for n in os.listdir(staging) if n.startswith("batch-"))
+    assert staged
+    wordcount(again, FileSink(out)).run(checkpoint_interval=0.05, checkpoint_dir=ck, resume=True)
+    assert counts_file(out) == batch_word_count_dir(text_dir)
+
+
+def test_parquet_sink_after_crashes_equals_uninterrupted_output(spark, text_dir, tmp_path):
+    def flow(path):
+        f = Dataflow("wc", parallelism=2)
+        f.source(SparkSource.text(text_dir, spark=spark)).flat_map(str.split).key_by().count_final().sink(
+            ParquetSink(path, columns=["word", "count"]), parallelism=2)
+        return f
+
+    golden_s = warm_golden(lambda: flow(str(tmp_path / "golden")))
+    res = flow(str(tmp_path / "killed")).run(
+        checkpoint_interval=0.05, chaos=RandomKills.uniform(3, within=0.6 * golden_s, seed=5, start=0.1),
+        restart_delay=0)
+    assert res.kills == 3
+
+    def read(p):
+        return sorted(tuple(r) for r in spark.read.parquet(p).collect())
+
+    golden = read(str(tmp_path / "golden"))
+    assert golden == sorted(batch_word_count_dir(text_dir).items())
+    assert read(str(tmp_path / "killed")) == golden
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+
+def test_missing_path(spark, tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        SparkSource.text(tmp_path / "nope", spark=spark)
+
+
+def test_empty_dataframe(spark, tmp_path):
+    empty = spark.createDataFrame([], "value string")
+    flow = wordcount(SparkSource(empty), FileSink(str(tmp_path / "o.tsv")))
+    with pytest.raises(InputError, match="empty"):
+        flow.run()
+
+
+def test_non_text_column(spark, tmp_path):
+    df = spark.range(10).withColumnRenamed("id", "value")
+    flow = wordcount(SparkSource(df, expect=str), FileSink(str(tmp_path / "o.tsv")))
+    with pytest.raises(InputError, match="not string"):
+        flow.run()
+
+
+def test_corrupt_parquet(spark, tmp_path):
+    d = tmp_path / "pq"
+    spark.createDataFrame([("a",), ("b",)], "value string").write.parquet(str(d))
+    victim = next(p for p in d.iterdir() if p.suffix == ".parquet")
+    victim.write_bytes(b"PAR1 this is not a parquet file PAR1")
+    with pytest.raises((InputError, JobFailed)) as ei:
+        wordcount(SparkSource.parquet(d, spark=spark, column="value"), FileSink(str(tmp_path / "o.tsv"))).run(
+            restart_attempts=3, restart_delay=0)
+    assert "Spark cannot read" in str(ei.value) and "FAILED_READ_FILE" in str(ei.value)
+
+
+def test_spark_without_java_fails_clearly(tmp_path, small_corpus):
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "SPARK_HOME")}
+    env["JAVA_HOME"] = str(tmp_path / "no-java")
+    env["PATH"] = "/usr/bin/nonexistent"
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "wordcount.py")
+    p = subprocess.run([sys.executable, example, "--input", small_corpus, "--output", str(tmp_path / "o.tsv")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    assert "Spark could not start" in p.stderr and "Java" in p.stderr
