@@ -174,14 +174,23 @@ def compile_graph(graph: LogicalGraph) -> Plan:
                      g.nodes[n]["keyed"], head_of[n])
         for n in sorted(g.nodes, key=order.__getitem__)
     )
-    # A chain is in a loop when its operators are on a cycle of the operator graph.
-    on_cycle = {n for comp in nx.strongly_connected_components(g) for n in comp
-                if len(comp) > 1 or g.has_edge(n, n)}
-    feeds = {n for n in g.nodes if n not in on_cycle and nx.descendants(g, n) & on_cycle}
+    # Loops: the strongly connected components that hold a cycle. Each ends on its own
+    # (after everything feeding it has finished), so they are numbered upstream first.
+    loop_of: dict[str, int] = {}
+    comps = [c for c in nx.strongly_connected_components(g) if len(c) > 1 or any(g.has_edge(n, n) for n in c)]
+    comps.sort(key=lambda c: min(order[n] for n in c))
+    for lid, comp in enumerate(comps):
+        for n in comp:
+            loop_of[n] = lid
+    feeds_of: dict[str, set[int]] = {n: set() for n in g.nodes}
+    for lid, comp in enumerate(comps):
+        for n in set().union(*(nx.ancestors(g, m) for m in comp)) - comp:
+            feeds_of[n].add(lid)
     chains = [
         ChainSpec(c.name, c.operators, c.parallelism, c.is_source,
-                  in_loop=any(o in on_cycle for o in c.operators),
-                  feeds_loop=not any(o in on_cycle for o in c.operators) and any(o in feeds for o in c.operators))
+                  loop=next((loop_of[o] for o in c.operators if o in loop_of), -1),
+                  feeds=tuple(sorted(set().union(*(feeds_of[o] for o in c.operators))
+                                     - {loop_of.get(o, -1) for o in c.operators})))
         for c in chains
     ]
 

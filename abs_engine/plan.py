@@ -30,8 +30,8 @@ class ChainSpec:
     operators: tuple[str, ...]
     parallelism: int
     is_source: bool
-    in_loop: bool = False  #: on a cycle of the chain graph
-    feeds_loop: bool = False  #: not in a loop, but its output reaches one
+    loop: int = -1  #: the loop (strongly connected component with a cycle) it is in, or -1
+    feeds: tuple[int, ...] = ()  #: loops it is not in but its output reaches
 
 
 @dataclass(frozen=True)
@@ -83,15 +83,15 @@ class Plan:
     def back_edges(self) -> tuple[EdgeSpec, ...]:
         return tuple(e for e in self.edges if e.back_edge)
 
-    @property
-    def loop_tasks(self) -> frozenset[str]:
-        loops = {c.name for c in self.chains if c.in_loop}
-        return frozenset(t.id for t in self.tasks if t.chain in loops)
-
-    @property
-    def loop_feeder_tasks(self) -> frozenset[str]:
-        feeders = {c.name for c in self.chains if c.feeds_loop}
-        return frozenset(t.id for t in self.tasks if t.chain in feeders)
+    def loops(self) -> dict[int, tuple[frozenset[str], frozenset[str]]]:
+        """loop id -> (its tasks, the tasks outside it that feed it)."""
+        out: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
+        for lid in sorted({c.loop for c in self.chains if c.loop >= 0}):
+            inside = {c.name for c in self.chains if c.loop == lid}
+            feeding = {c.name for c in self.chains if lid in c.feeds}
+            out[lid] = (frozenset(t.id for t in self.tasks if t.chain in inside),
+                        frozenset(t.id for t in self.tasks if t.chain in feeding))
+        return out
 
     def task(self, task_id: str) -> TaskSpec:
         for t in self.tasks:
@@ -130,8 +130,8 @@ class Plan:
             job=d["job"],
             operators=tuple(OperatorSpec(**o) for o in d["operators"]),
             chains=tuple(
-                ChainSpec(c["name"], tuple(c["operators"]), c["parallelism"], c["is_source"], c["in_loop"],
-                          c["feeds_loop"])
+                ChainSpec(c["name"], tuple(c["operators"]), c["parallelism"], c["is_source"], c["loop"],
+                          tuple(c["feeds"]))
                 for c in d["chains"]
             ),
             edges=tuple(EdgeSpec(**e) for e in d["edges"]),

@@ -46,6 +46,9 @@ def embedded_session() -> Any:
                 .config("spark.driver.host", "127.0.0.1")
                 .config("spark.driver.bindAddress", "127.0.0.1")
                 .config("spark.sql.shuffle.partitions", "8")
+                # The driver JVM holds a partition's Arrow batches while serving it (and
+                # toArrow() holds a whole DataFrame): Spark's 1g default is too small.
+                .config("spark.driver.memory", os.environ.get("ABS_ENGINE_SPARK_MEMORY", "4g"))
             )
             for k, v in PINNED_CONF.items():
                 builder = builder.config(k, v)

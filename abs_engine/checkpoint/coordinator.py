@@ -14,11 +14,12 @@ Protocol:
 
 Loops (termination by snapshot, after Chandy and Lamport): a loop cannot end by end of
 stream, since its back-edges never end on their own. Quiescence is a stable property, so a
-*completed* checkpoint in which every task that feeds a loop had already finished and every
-back-edge log is empty proves no record is in flight anywhere in a loop and none can enter
-one: the loops have drained. ``drained`` then names that checkpoint, and the executor tells
-the loop tasks to end their back-edges. Once the feeders have finished, checkpoints are
-taken every ``drain_interval`` to detect this (in every mode, since it is how loops end).
+*completed* checkpoint in which every task that feeds loop L had already finished and every
+back-edge log of L's tasks is empty proves no record is in flight in L and none can enter
+it: L has drained, and the executor tells L's tasks to end their back-edges. Loops are
+judged one by one, so a loop fed by another ends after it. Once a loop's feeders have
+finished, checkpoints are taken every ``drain_interval`` to detect this (in every mode,
+since it is how loops end).
 """
 
 from __future__ import annotations
@@ -52,8 +53,7 @@ class CheckpointCoordinator:
         max_in_flight: int = 1,
         next_id: int = 1,
         clock: Callable[[], float] = time.monotonic,
-        loop_tasks: frozenset[str] = frozenset(),
-        loop_feeders: frozenset[str] = frozenset(),
+        loops: dict[int, tuple[frozenset[str], frozenset[str]]] | None = None,
         drain_interval: float = 0.1,
     ):
         if max_in_flight < 1:
@@ -68,10 +68,10 @@ class CheckpointCoordinator:
         self.max_in_flight = max_in_flight
         self.next_id = next_id
         self.clock = clock
-        self.loop_tasks = loop_tasks
-        self.loop_feeders = loop_feeders
+        self.loops = loops or {}  #: loop id -> (its tasks, tasks feeding it)
         self.drain_interval = drain_interval
-        self.drained: int | None = None  #: the checkpoint that proved the loops drained
+        self.drained: dict[int, int] = {}  #: loop id -> the checkpoint that proved it drained
+        self.just_drained: list[int] = []  #: loops proven drained by the last completion
         self.next_drain_at: float | None = None
         self.pending: dict[int, PendingCheckpoint] = {}
         self.finished: set[str] = set()
@@ -91,8 +91,9 @@ class CheckpointCoordinator:
 
     @property
     def draining(self) -> bool:
-        """Loops exist, are not yet proven drained, and nothing can enter them any more."""
-        return bool(self.loop_tasks) and self.drained is None and self.finished >= self.loop_feeders
+        """Some loop is not yet proven drained and nothing can enter it any more."""
+        return any(lid not in self.drained and self.finished >= feeders
+                   for lid, (_, feeders) in self.loops.items())
 
     def deadline(self) -> float | None:
         """When poll() next has something to do (None: only on messages)."""
@@ -190,15 +191,18 @@ class CheckpointCoordinator:
         self.stats.completed.append(meta)
         if p.final:
             self.final_completed = meta
-        if (self.loop_tasks and self.drained is None
-                and all(p.acks[t].finished for t in self.loop_feeders)
-                and sum(s.logged for s in p.acks.values()) == 0):
-            self.drained = p.checkpoint_id
+        self.just_drained = []
+        for lid, (inside, feeders) in self.loops.items():
+            if (lid not in self.drained
+                    and all(p.acks[t].finished for t in feeders)
+                    and sum(p.acks[t].logged for t in inside) == 0):
+                self.drained[lid] = p.checkpoint_id
+                self.just_drained.append(lid)
         return meta
 
-    def end_loop_messages(self) -> list[tuple[str, messages.Message]]:
-        assert self.drained is not None
-        return [(t, messages.EndLoop(self.drained)) for t in sorted(self.loop_tasks)]
+    def end_loop_messages(self, loops: list[int]) -> list[tuple[str, messages.Message]]:
+        """EndLoop for every task of the given (drained) loops."""
+        return [(t, messages.EndLoop(self.drained[lid])) for lid in loops for t in sorted(self.loops[lid][0])]
 
     def notifications(self, meta: Metadata) -> list[tuple[str, messages.Message]]:
         return [(t, messages.NotifyComplete(meta.checkpoint_id, meta.final)) for t in sorted(self.tasks)]

@@ -72,14 +72,20 @@ class Metadata:
         )
 
 
-def decode_snapshot(blob: bytes, path: str) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-    """A task's state file -> ({operator: state}, {back-edge channel: logged records}).
-    Raises CheckpointError(CORRUPT_STATE), never a msgpack error."""
+@dataclass(frozen=True)
+class TaskSnapshotData:
+    states: dict[str, Any]  #: operator -> decoded state
+    logs: dict[str, list[Any]]  #: back-edge channel -> records logged in flight
+    finished: bool  #: the task had finished (end of stream sent) when it snapshotted
+
+
+def decode_snapshot(blob: bytes, path: str) -> TaskSnapshotData:
+    """A task's state file, decoded. Raises CheckpointError(CORRUPT_STATE), never a msgpack error."""
     try:
         doc = codec.unpack(blob)
         states = {name: codec.unpack(data) for name, data in doc["operators"].items()}
         logs = {ch: list(codec.unpack(data)) for ch, data in doc.get("logs", {}).items()}
-        return states, logs
+        return TaskSnapshotData(states, logs, bool(doc.get("finished", False)))
     except Exception as e:
         raise CheckpointError(CheckpointErrorReason.CORRUPT_STATE,
                               f"state file {path} passes its checksum but cannot be decoded ({e})") from e
@@ -87,7 +93,7 @@ def decode_snapshot(blob: bytes, path: str) -> tuple[dict[str, Any], dict[str, l
 
 def decode_state(blob: bytes, path: str) -> dict[str, Any]:
     """A task's state file -> {operator: decoded state}."""
-    return decode_snapshot(blob, path)[0]
+    return decode_snapshot(blob, path).states
 
 
 def _fsync_dir(path: str) -> None:
@@ -238,7 +244,7 @@ class CheckpointStorage:
         meta = self.verify(checkpoint_id)
         path = os.path.join(self.dir_of(checkpoint_id), meta.tasks[task].file)
         with open(path, "rb") as f:
-            return decode_snapshot(f.read(), path)[1]
+            return decode_snapshot(f.read(), path).logs
 
     def describe(self, checkpoint_id: int) -> dict[str, Any]:
         meta = self.load_metadata(checkpoint_id)

@@ -123,6 +123,17 @@ class LocalExecutor:
                 "of an earlier run: pass resume=True (--resume) to continue from them, or use an empty directory",
             )
         self.started = time.monotonic()
+        try:
+            self._attempts(storage)
+            self.result.duration_s = time.monotonic() - self.started
+            return self.result
+        finally:
+            if temp:
+                shutil.rmtree(ckdir, ignore_errors=True)
+
+    def _attempts(self, storage: CheckpointStorage) -> None:
+        """Run attempts under the restart strategy until one succeeds or it gives up."""
+        cfg = self.config
         listener = socket.create_server((cfg.host, 0), backlog=512)
         attempt = 0
         try:
@@ -138,11 +149,11 @@ class LocalExecutor:
                 next_id = max(storage.ids_on_disk(), default=0) + 1
                 try:
                     self._attempt(attempt, listener, storage, meta, next_id)
-                    break
+                    return
                 except JobCancelled:
                     self.result.cancelled = True
                     self._log("cancelled by stop_when")
-                    break
+                    return
                 except WorkerFailure as f:
                     self.result.failures.append(str(f))
                     if f.fatal or attempt >= cfg.restart_attempts:
@@ -155,10 +166,6 @@ class LocalExecutor:
                         time.sleep(cfg.restart_delay)  # the restart strategy's delay, not synchronisation
         finally:
             listener.close()
-        self.result.duration_s = time.monotonic() - self.started
-        if temp:
-            shutil.rmtree(ckdir, ignore_errors=True)
-        return self.result
 
     def _log(self, msg: str) -> None:
         if self.config.progress:
@@ -263,9 +270,25 @@ class LocalExecutor:
         for w in workers.values():
             code = w.proc.poll()
             # Status 0 is judged on the control connection: EOF before Committed is a failure.
-            if code is not None and code != 0:
-                how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
-                raise WorkerFailure(w.task, None, f"worker process {w.proc.pid} {how}")
+            # A worker that already committed the final checkpoint has done all its work.
+            if code is not None and code != 0 and not w.committed:
+                raise self._failure_of(w, code)
+
+    def _failure_of(self, w: Worker, code: int) -> WorkerFailure:
+        """Why a dead worker died: its own Failed message (operator, user traceback, fatal)
+        if it sent one before exiting, else its exit status."""
+        if w.sock is not None:
+            try:
+                while data := w.sock.recv(1 << 20, socket.MSG_DONTWAIT):
+                    w.reader.feed(data)
+            except OSError:
+                pass
+            while (frame := w.reader.next_frame()) is not None:
+                m = messages.decode(frame[1])
+                if isinstance(m, messages.Failed) and not m.operator.startswith("<"):
+                    return WorkerFailure(m.task, m.operator, "raised an exception", m.traceback, m.fatal)
+        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        return WorkerFailure(w.task, None, f"worker process {w.proc.pid} {how}")
 
     def _chaos(self, workers: dict[str, Worker]) -> None:
         chaos = self.config.chaos
@@ -284,7 +307,7 @@ class LocalExecutor:
             self.plan.job, self.fingerprint, list(workers), self.source_tasks, storage,
             cfg.checkpoint_interval if cfg.mode == "aligned" else None,
             cfg.checkpoint_timeout, cfg.max_concurrent_checkpoints, next_id,
-            loop_tasks=self.plan.loop_tasks, loop_feeders=self.plan.loop_feeder_tasks,
+            loops=self.plan.loops(),
         )
         sel = selectors.DefaultSelector()
         for w in workers.values():
@@ -308,7 +331,10 @@ class LocalExecutor:
                         sel.unregister(w.sock)
                         if w.committed:
                             continue
-                        w.proc.wait(timeout=5)
+                        try:
+                            w.proc.wait(timeout=5)
+                        except subprocess.TimeoutExpired:
+                            pass
                         self._check_alive({w.task: w})
                         raise WorkerFailure(w.task, None, "worker closed its control connection")
                     w.reader.feed(data)
@@ -351,9 +377,10 @@ class LocalExecutor:
                     max(meta.alignment_ms.values(), default=0.0), meta.final))
                 for task, m in coord.notifications(meta):
                     self._send(workers[task], m)
-                if coord.drained == meta.checkpoint_id:
-                    self._log(f"checkpoint {meta.checkpoint_id} proves the loops drained: ending them")
-                    for task, m in coord.end_loop_messages():
+                if coord.just_drained:
+                    self._log(f"checkpoint {meta.checkpoint_id} proves loop(s) {coord.just_drained} drained: "
+                              "ending them")
+                    for task, m in coord.end_loop_messages(coord.just_drained):
                         self._send(workers[task], m)
         elif isinstance(msg, messages.Finished):
             if msg.task in self.source_tasks:
@@ -368,6 +395,7 @@ class LocalExecutor:
         elif isinstance(msg, messages.Failed):
             if msg.operator.startswith("<upstream") or msg.operator == "<downstream>":
                 suspect = msg.operator[len("<upstream:"):-1] if msg.operator.startswith("<upstream:") else None
+                suspect = None if suspect in (None, "None") else suspect
                 self._root_cause(workers, exclude=msg.task, suspect=suspect)
             raise WorkerFailure(msg.task, msg.operator, "raised an exception", msg.traceback, msg.fatal)
 
@@ -384,20 +412,7 @@ class LocalExecutor:
             if not dead:
                 time.sleep(0.005)  # reaping a process that is dying; bounded by the deadline
         for w, code in dead:
-            if w.sock is None:
-                continue
-            w.sock.setblocking(False)
-            try:
-                while data := w.sock.recv(1 << 20):
-                    w.reader.feed(data)
-            except OSError:
-                pass
-            while (frame := w.reader.next_frame()) is not None:
-                m = messages.decode(frame[1])
-                if isinstance(m, messages.Failed) and not m.operator.startswith("<"):
-                    raise WorkerFailure(m.task, m.operator, "raised an exception", m.traceback, m.fatal)
-            how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
-            raise WorkerFailure(w.task, None, f"worker process {w.proc.pid} {how}")
+            raise self._failure_of(w, code)
 
     def _print_progress(self, coord: CheckpointCoordinator) -> None:
         elapsed = time.monotonic() - self.started

@@ -67,9 +67,13 @@ class BackEdgeLog:
         """The task triggered ``checkpoint_id`` (aligned its regular inputs, or directly)."""
         self.last_started = max(self.last_started, checkpoint_id)
         released = tuple(ch for ch, cid in self.held.items() if cid <= checkpoint_id)
+        # A channel held behind exactly this barrier has nothing in flight for it. One held
+        # behind an *older* barrier (a checkpoint this task skipped) has not delivered this
+        # barrier yet: what follows the old barrier is in flight for this one, and logged.
+        arrived = {ch for ch in released if self.held[ch] == checkpoint_id}
         for ch in released:
             del self.held[ch]
-        waiting = {ch for ch in self.live if ch not in released}
+        waiting = {ch for ch in self.live if ch not in arrived}
         s = Session(checkpoint_id, payload, waiting, {ch: [] for ch in waiting})
         if not waiting:
             return Step(BackEdgeOutcome.COMPLETE, (s,), released)
@@ -84,6 +88,10 @@ class BackEdgeLog:
     def on_barrier(self, channel: str, checkpoint_id: int) -> Step:
         if channel not in self.live:
             return Step(BackEdgeOutcome.UNKNOWN_CHANNEL)
+        # Barriers on a channel come in order: an older session still waiting for this
+        # channel will never get its barrier (upstream skipped it); it cannot complete.
+        for old in [c for c, s in self.sessions.items() if c < checkpoint_id and channel in s.waiting]:
+            del self.sessions[old]
         s = self.sessions.get(checkpoint_id)
         if s is not None:
             if channel not in s.waiting:

@@ -43,16 +43,17 @@ class ControlLink:
         self._drain_reader()
 
     def poll(self) -> list[messages.Message]:
-        """Every message that has arrived, without blocking."""
-        self.sock.setblocking(False)
-        try:
-            while True:
-                try:
-                    self.fill()
-                except (BlockingIOError, InterruptedError):
-                    break
-        finally:
-            self.sock.setblocking(True)
+        """Every message that has arrived, without blocking. MSG_DONTWAIT, not a blocking
+        mode switch: the snapshot-writer thread may be sending on this socket meanwhile."""
+        while True:
+            try:
+                data = self.sock.recv(RECV_SIZE, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not data:
+                raise DriverGone("the driver closed the control connection")
+            self.reader.feed(data)
+            self._drain_reader()
         out = list(self.inbox)
         self.inbox.clear()
         return out

@@ -38,6 +38,13 @@ PROGRESS_EVERY = 0.5  # seconds between progress reports of a source
 GATHER_MAX = 8192  # records gathered from buffered frames before they are processed
 
 
+def _unregister(sel: selectors.BaseSelector, ch: InputChannel) -> None:
+    try:
+        sel.unregister(ch.sock)
+    except KeyError:
+        pass  # already unregistered (blocked, or ended)
+
+
 class LoopNotQuiet(Exception):
     """Records arrived on a back-edge after the loop was proven drained."""
 
@@ -56,6 +63,7 @@ class Task:
         writer: SnapshotWriter,
         checkpoint_dir: str,
         replay: list[Any] | None = None,
+        restored_finished: bool = False,
     ):
         self.spec = spec
         self.op_names = op_names
@@ -68,6 +76,9 @@ class Task:
         self.writer = writer
         self.checkpoint_dir = checkpoint_dir
         self.replay = replay or []
+        #: Restored from a snapshot taken after the task had finished: its final output is
+        #: already in that checkpoint, so finish() must not run again; only end of stream does.
+        self.restored_finished = restored_finished
         self.aligner = BarrierAligner(c.id for c in inputs.values() if not c.back_edge)
         self.back = [c for c in inputs.values() if c.back_edge]
         self.backlog = BackEdgeLog(c.id for c in self.back)
@@ -119,6 +130,9 @@ class Task:
             except Exception as e:
                 raise OperatorFailure(self.op_names[i]) from e
         self._emit(batch)
+        self._end_outputs()
+
+    def _end_outputs(self) -> None:
         end = codec.frame(codec.FrameKind.END)
         for out in self.outputs:
             out.broadcast(end)
@@ -227,6 +241,8 @@ class Task:
     # ---- run loops ----------------------------------------------------------------------
 
     def run(self) -> None:
+        if self.restored_finished:
+            self._end_outputs()
         if self.replay:
             # Records that were in flight round a loop at the restored checkpoint come first.
             batch, self.replay = self.replay, []
@@ -301,16 +317,20 @@ class Task:
                         self._write(s)
                 return
             d = self.aligner.on_barrier(ch.id, cid)
+            if d.outcome is Outcome.ABORTED_AND_BLOCKED:
+                # The older checkpoint was abandoned upstream: what it blocked is free again.
+                self._release_blocked(sel, blocked)
+                self.blocked_since = None
             if d.outcome in (Outcome.BLOCKED, Outcome.ABORTED_AND_BLOCKED):
                 if self.blocked_since is None:
                     self.blocked_since = time.perf_counter()
-                sel.unregister(ch.sock)
+                _unregister(sel, ch)
                 blocked.append(ch)
             elif d.outcome is Outcome.TRIGGERED:
                 self._triggered(d.checkpoint_id, sel, blocked)  # type: ignore[arg-type]
         elif kind == codec.FrameKind.END:
             ch.ended = True
-            sel.unregister(ch.sock)
+            _unregister(sel, ch)
             if ch.back_edge:
                 for s in self.backlog.on_end_of_stream(ch.id).completed:
                     self._write(s)
@@ -322,8 +342,12 @@ class Task:
 
     def _triggered(self, checkpoint_id: int, sel: selectors.BaseSelector, blocked: list[InputChannel]) -> None:
         self._snapshot(checkpoint_id)
+        self._release_blocked(sel, blocked)
+
+    def _release_blocked(self, sel: selectors.BaseSelector, blocked: list[InputChannel]) -> None:
         for b in blocked:
-            sel.register(b.sock, selectors.EVENT_READ, b)
+            if not b.ended:
+                sel.register(b.sock, selectors.EVENT_READ, b)
             self.runnable.append(b)
         blocked.clear()
 

@@ -18,7 +18,7 @@ import traceback
 from typing import Any
 
 from .. import messages
-from ..checkpoint.storage import decode_snapshot
+from ..checkpoint.storage import TaskSnapshotData, decode_snapshot
 from ..errors import CheckpointError, CheckpointErrorReason
 from ..plan import Plan
 from .channel import ChannelClosed, OutputChannel, accept_inputs
@@ -30,7 +30,7 @@ from .writer import SnapshotWriter
 CONNECT_TIMEOUT = 60.0
 
 
-def _load_state(restore: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+def _load_state(restore: dict[str, Any]) -> TaskSnapshotData:
     path = restore["path"]
     try:
         with open(path, "rb") as f:
@@ -76,9 +76,11 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
             current = n
             op.open(ctx(n))
         replay: list[Any] = []
+        restored_finished = False
         if deploy.restore is not None:
-            states, logs = _load_state(deploy.restore)
-            for records in logs.values():
+            snap = _load_state(deploy.restore)
+            states, restored_finished = snap.states, snap.finished
+            for records in snap.logs.values():
                 replay += records
             for n, op in ([(source_name, source)] if source is not None else []) + list(zip(names, ops)):
                 current = n
@@ -113,7 +115,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
 
     writer = SnapshotWriter(control, task_id, writer_failed)
     task = Task(spec, names, ops, source, source_name, outputs, inputs, control, writer, deploy.checkpoint_dir,
-                replay)
+                replay, restored_finished)
     control.send(messages.Running(task_id))
     task.run()
     writer.flush()

@@ -113,7 +113,8 @@ class CapturingWriter:
         self.snapshots: queue.Queue[tuple[int, dict[str, Any], dict[str, list[Any]]]] = queue.Queue()
 
     def submit(self, cid, path, blob, alignment_ms, logged, finished) -> None:
-        states, logs = decode_snapshot(blob, path)
+        snap = decode_snapshot(blob, path)
+        states, logs = snap.states, snap.logs
         self.snapshots.put((cid, states, logs))
 
     def flush(self) -> None:
@@ -204,3 +205,27 @@ def test_back_edge_barrier_first_records_behind_it_do_not_leak_into_the_snapshot
     cid, states, logs = h.writer.next()
     assert cid == 2
     assert_cut(states, logs, regular_before={1}, back_before={5, 6, 7}, after=set())
+
+
+def test_channel_held_behind_an_older_barrier_is_still_logged_for_the_newer_checkpoint():
+    """The task skipped checkpoint 4 (it timed out before reaching it) and triggers 6: the
+    back-edge that delivered barrier 4 has not delivered 6, so its records are in flight."""
+    log = BackEdgeLog(["b"])
+    assert log.on_barrier("b", 4).outcome is BackEdgeOutcome.HELD
+    step = log.start(6, None)
+    assert step.released == ("b",) and step.outcome is BackEdgeOutcome.LOGGING
+    log.on_records("b", ["between barrier 4 and barrier 6"])
+    done = log.on_barrier("b", 6).completed
+    assert done[0].logs == {"b": ["between barrier 4 and barrier 6"]}
+
+
+def test_a_newer_barrier_discards_older_sessions_that_can_never_complete():
+    log = BackEdgeLog(["b"])
+    log.start(1, None)
+    log.start(2, None)
+    log.on_records("b", ["x"])
+    step = log.on_barrier("b", 2)  # barrier 1 never came on b: session 1 is dead
+    assert [s.checkpoint_id for s in step.completed] == [2]
+    assert not log.sessions
+    log.on_records("b", ["not logged by anyone"])
+    assert not log.logging
