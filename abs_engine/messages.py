@@ -45,6 +45,36 @@ class Trigger(Message):
 
 
 @dataclass(frozen=True)
+class Pause(Message):
+    """Stop-the-world: a source stops reading until Resume."""
+
+    TAG: ClassVar[str] = "pause"
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class Resume(Message):
+    TAG: ClassVar[str] = "resume"
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class CountRequest(Message):
+    """Stop-the-world: report your per-channel record counters (one wave of counting)."""
+
+    TAG: ClassVar[str] = "count_request"
+    wave: int
+
+
+@dataclass(frozen=True)
+class Snapshot(Message):
+    """Stop-the-world: nothing is in flight; snapshot now and forward no barrier."""
+
+    TAG: ClassVar[str] = "snapshot"
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
 class NotifyComplete(Message):
     TAG: ClassVar[str] = "complete"
     checkpoint_id: int
@@ -127,6 +157,17 @@ class Progress(Message):
 
 
 @dataclass(frozen=True)
+class Counts(Message):
+    """Records sent on each output channel and processed from each input channel so far."""
+
+    TAG: ClassVar[str] = "counts"
+    task: str
+    wave: int
+    sent: dict[str, int]
+    received: dict[str, int]
+
+
+@dataclass(frozen=True)
 class Committed(Message):
     """The task has run notify-complete for the job's final checkpoint; it exits next."""
 
@@ -145,7 +186,8 @@ class Failed(Message):
 
 _REGISTRY: dict[str, type[Message]] = {
     cls.TAG: cls
-    for cls in (Deploy, Trigger, NotifyComplete, Shutdown, Hello, Running, Ack, Finished, Progress, Committed, Failed, InputsEnded, EndLoop)
+    for cls in (Deploy, Trigger, NotifyComplete, Shutdown, Hello, Running, Ack, Finished, Progress, Committed,
+                Failed, InputsEnded, EndLoop, Pause, Resume, CountRequest, Snapshot, Counts)
 }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,8 @@ class Registered:
     arrow_schema: Any
     delivered: int = 0  #: rows sent to subtasks (for tests and stats)
     jobs: int = 0
+    first_request: float | None = None  #: monotonic time of the first request served
+    last_end: float | None = None  #: monotonic time the last partition was fully sent
 
 
 class PartitionServer:
@@ -105,6 +108,8 @@ class PartitionServer:
         jrdd = reg.df._jdf.toArrowBatchRdd().toJavaRDD()
         with self._lock:
             reg.jobs += 1
+            if reg.first_request is None:
+                reg.first_request = time.monotonic()
         sock_info = sc._jvm.PythonRDD.runJob(sc._jsc.sc(), jrdd, [partition])
         conn.sendall(codec.frame(SCHEMA, reg.arrow_schema.serialize().to_pybytes()))
         skip, sent = start_row, 0
@@ -125,6 +130,8 @@ class PartitionServer:
                 sent += n
                 with self._lock:
                     reg.delivered += n
+        with self._lock:
+            reg.last_end = time.monotonic()
         return sent
 
 

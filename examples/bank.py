@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--checkpoint-interval", type=float, default=0.1)
     ap.add_argument("--checkpoint-dir")
-    ap.add_argument("--mode", choices=["aligned", "none"], default="aligned")
+    ap.add_argument("--mode", choices=["aligned", "none", "stop-the-world"], default="aligned")
     args = ap.parse_args(argv)
     if args.accounts < 2:
         ap.error("--accounts must be at least 2")

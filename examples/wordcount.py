@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--checkpoint-interval", type=float, default=0.25, help="seconds between checkpoints")
     ap.add_argument("--checkpoint-dir", help="where checkpoints go (default: a temporary directory)")
-    ap.add_argument("--mode", choices=["aligned", "none"], default="aligned")
+    ap.add_argument("--mode", choices=["aligned", "none", "stop-the-world"], default="aligned")
     ap.add_argument("--source", choices=["spark", "file"], default="spark",
                     help="read the input through Spark (default) or with the plain file reader")
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoints in --checkpoint-dir")

@@ -162,7 +162,10 @@ class SparkSource(Source):
 
         server = partition_server()
         if self.source_id in server.sources:
-            self._delivered = server.stats(self.source_id).delivered
+            reg = server.stats(self.source_id)
+            self._delivered = reg.delivered
+            if reg.first_request is not None and reg.last_end is not None:
+                self._delivery_seconds = reg.last_end - reg.first_request
         server.unregister(self.source_id)
         if self._owns_session:
             from abs_engine.spark_session import stop_embedded
@@ -177,6 +180,10 @@ class SparkSource(Source):
         if self.source_id in server.sources:
             return server.stats(self.source_id).delivered
         return getattr(self, "_delivered", 0)
+
+    def delivery_seconds(self) -> float | None:
+        """After a job: seconds from the first partition requested to the last one sent."""
+        return getattr(self, "_delivery_seconds", None)
 
     def __getstate__(self) -> dict[str, Any]:
         # Only plain data goes to the workers: never the DataFrame or the session.

@@ -10,7 +10,10 @@ Protocol:
   pending checkpoints are subsumed, and every task is notified;
 - a checkpoint older than ``timeout`` is aborted; late acknowledgements are then DISCARDED;
 - once every task has finished, one more checkpoint, the *final* one, is taken; when it
-  completes the job commits and ends.
+  completes the job commits and ends;
+- stop-the-world mode (the baseline ABS is measured against): instead of barriers, the
+  sources are paused, waves of counts prove nothing is in flight (quiescence.py), every
+  task snapshots, and the sources resume once the checkpoint is durable.
 
 Loops (termination by snapshot, after Chandy and Lamport): a loop cannot end by end of
 stream, since its back-edges never end on their own. Quiescence is a stable property, so a
@@ -30,6 +33,7 @@ from typing import Callable
 
 from .. import messages
 from .pending import AckOutcome, PendingCheckpoint, TaskSnapshot
+from .quiescence import QuiescenceDetector, Verdict
 from .storage import CheckpointStorage, FileEntry, Metadata
 
 
@@ -55,6 +59,9 @@ class CheckpointCoordinator:
         clock: Callable[[], float] = time.monotonic,
         loops: dict[int, tuple[frozenset[str], frozenset[str]]] | None = None,
         drain_interval: float = 0.1,
+        stop_the_world: bool = False,
+        channels: frozenset[str] = frozenset(),
+        wave_interval: float = 0.002,
     ):
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
@@ -76,6 +83,11 @@ class CheckpointCoordinator:
         self.pending: dict[int, PendingCheckpoint] = {}
         self.finished: set[str] = set()
         self.direct: set[str] = set()  #: triggered directly: finished, or regular inputs ended
+        self.stop_the_world = stop_the_world
+        self.quiescence = QuiescenceDetector(self.tasks, channels)
+        self.wave_interval = wave_interval
+        self.stw_checkpoint: int | None = None  #: the stop-the-world checkpoint in progress
+        self.next_wave_at: float | None = None
         self.closed_ids: set[int] = set()  #: completed, aborted or subsumed
         self.final_completed: Metadata | None = None
         self.stats = CoordinatorStats()
@@ -98,6 +110,8 @@ class CheckpointCoordinator:
     def deadline(self) -> float | None:
         """When poll() next has something to do (None: only on messages)."""
         times = [p.started + self.timeout for p in self.pending.values()]
+        if self.next_wave_at is not None:
+            times.append(self.next_wave_at)
         # A due trigger is only actionable below the in-flight limit (else: busy loop).
         if len(self.pending) < self.max_in_flight and not self.all_finished:
             if self.next_trigger_at is not None:
@@ -109,13 +123,19 @@ class CheckpointCoordinator:
     def poll(self) -> list[tuple[str, messages.Message]]:
         """Abort timed-out checkpoints; trigger a checkpoint if one is due."""
         now = self.clock()
+        out: list[tuple[str, messages.Message]] = []
         for cid, p in list(self.pending.items()):
             if now - p.started > self.timeout:
                 p.discard()
                 del self.pending[cid]
                 self.closed_ids.add(cid)
                 self.stats.aborted.append(cid)
-        out: list[tuple[str, messages.Message]] = []
+                if cid == self.stw_checkpoint:
+                    out += self._end_stop_the_world(cid)  # never leave the sources paused
+        if self.next_wave_at is not None and now >= self.next_wave_at:
+            self.next_wave_at = None
+            wave = self.quiescence.next_wave()
+            out += [(t, messages.CountRequest(wave)) for t in sorted(self.tasks)]
         if self.final_completed is not None or len(self.pending) >= self.max_in_flight:
             return out
         if self.all_finished:
@@ -135,6 +155,13 @@ class CheckpointCoordinator:
         self.next_id += 1
         p = PendingCheckpoint(cid, now, self.tasks, final=final)
         self.pending[cid] = p
+        if self.stop_the_world and not final:
+            # Pause the sources, then count until nothing is in flight (see quiescence.py).
+            p.stop_the_world = True
+            self.stw_checkpoint = cid
+            wave = self.quiescence.start()
+            return ([(t, messages.Pause(cid)) for t in sorted(self.source_tasks)]
+                    + [(t, messages.CountRequest(wave)) for t in sorted(self.tasks)])
         targets = set(self.source_tasks) | self.direct
         p.triggered_directly |= targets
         return [(t, messages.Trigger(cid)) for t in sorted(targets)]
@@ -150,10 +177,28 @@ class CheckpointCoordinator:
         self.direct.add(task)
         out: list[tuple[str, messages.Message]] = []
         for cid, p in sorted(self.pending.items()):
+            if p.stop_the_world:
+                continue  # every task gets a Snapshot once the counts prove quiescence
             if task not in p.acks and task not in p.triggered_directly:
                 p.triggered_directly.add(task)
                 out.append((task, messages.Trigger(cid)))
         return out
+
+    def on_counts(self, msg: messages.Counts) -> list[tuple[str, messages.Message]]:
+        """One task's answer to a counting wave (stop-the-world)."""
+        if self.stw_checkpoint is None:
+            return []
+        verdict = self.quiescence.on_counts(msg.task, msg.wave, msg.sent, msg.received)
+        if verdict is Verdict.QUIESCENT:
+            return [(t, messages.Snapshot(self.stw_checkpoint)) for t in sorted(self.tasks)]
+        if verdict is Verdict.IN_FLIGHT:
+            self.next_wave_at = self.clock() + self.wave_interval
+        return []
+
+    def _end_stop_the_world(self, cid: int) -> list[tuple[str, messages.Message]]:
+        self.stw_checkpoint = None
+        self.next_wave_at = None
+        return [(t, messages.Resume(cid)) for t in sorted(self.source_tasks)]
 
     def on_ack(self, ack: messages.Ack) -> tuple[AckOutcome, Metadata | None]:
         """Record an acknowledgement; returns the outcome and the checkpoint it completed."""
@@ -205,4 +250,8 @@ class CheckpointCoordinator:
         return [(t, messages.EndLoop(self.drained[lid])) for lid in loops for t in sorted(self.loops[lid][0])]
 
     def notifications(self, meta: Metadata) -> list[tuple[str, messages.Message]]:
-        return [(t, messages.NotifyComplete(meta.checkpoint_id, meta.final)) for t in sorted(self.tasks)]
+        out: list[tuple[str, messages.Message]] = [
+            (t, messages.NotifyComplete(meta.checkpoint_id, meta.final)) for t in sorted(self.tasks)]
+        if meta.checkpoint_id == self.stw_checkpoint:
+            out += self._end_stop_the_world(meta.checkpoint_id)  # durable: the world may go on
+        return out

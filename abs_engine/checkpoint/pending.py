@@ -36,6 +36,7 @@ class PendingCheckpoint:
     acks: dict[str, TaskSnapshot] = field(default_factory=dict)
     discarded: bool = False
     triggered_directly: set[str] = field(default_factory=set)
+    stop_the_world: bool = False
 
     def acknowledge(self, task: str, snap: TaskSnapshot) -> AckOutcome:
         if self.discarded:

@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-MODES = ("aligned", "none")
+MODES = ("aligned", "none", "stop-the-world")
 
 
 @dataclass(frozen=True)
 class JobConfig:
     """How to run a job.
 
-    mode: "aligned" (ABS checkpoints every ``checkpoint_interval`` seconds) or "none" (no
+    mode: "aligned" (ABS checkpoints every ``checkpoint_interval`` seconds), "stop-the-world"
+        (every interval: pause the sources, wait until counts prove nothing is in flight,
+        snapshot every task, resume; the baseline ABS is measured against), or "none" (no
         periodic checkpoints: a failure restarts from scratch; the final commit still happens).
     checkpoint_dir: where checkpoints go; a temporary directory (deleted after success) if None.
     resume: continue from the newest valid checkpoint already in ``checkpoint_dir``; without it
@@ -44,7 +46,7 @@ class JobConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.mode == "aligned" and not self.checkpoint_interval > 0:
+        if self.mode != "none" and not self.checkpoint_interval > 0:
             raise ValueError(f"checkpoint_interval must be > 0 seconds, got {self.checkpoint_interval!r}")
         if self.restart_attempts < 0 or self.restart_delay < 0:
             raise ValueError("restart_attempts and restart_delay must be >= 0")

@@ -305,9 +305,11 @@ class LocalExecutor:
         final_restore = meta is not None and meta.final
         coord = CheckpointCoordinator(
             self.plan.job, self.fingerprint, list(workers), self.source_tasks, storage,
-            cfg.checkpoint_interval if cfg.mode == "aligned" else None,
+            cfg.checkpoint_interval if cfg.mode != "none" else None,
             cfg.checkpoint_timeout, cfg.max_concurrent_checkpoints, next_id,
             loops=self.plan.loops(),
+            stop_the_world=cfg.mode == "stop-the-world",
+            channels=frozenset(c.id for t in self.plan.tasks for c in t.inputs),
         )
         sel = selectors.DefaultSelector()
         for w in workers.values():
@@ -386,6 +388,9 @@ class LocalExecutor:
             if msg.task in self.source_tasks:
                 self.source_progress[msg.task] = msg.records_in
             for task, m in coord.on_finished(msg.task):
+                self._send(workers[task], m)
+        elif isinstance(msg, messages.Counts):
+            for task, m in coord.on_counts(msg):
                 self._send(workers[task], m)
         elif isinstance(msg, messages.InputsEnded):
             for task, m in coord.on_inputs_ended(msg.task):

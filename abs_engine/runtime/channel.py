@@ -21,7 +21,7 @@ def tune(sock: socket.socket) -> None:
 
 
 class OutputChannel:
-    __slots__ = ("id", "sock", "while_blocked")
+    __slots__ = ("id", "sock", "while_blocked", "records")
 
     def __init__(self, channel_id: str, address: tuple[str, int]):
         self.id = channel_id
@@ -32,6 +32,7 @@ class OutputChannel:
         #: block; it waits until the socket is writable while draining the back-edges, so a
         #: loop of full channels cannot deadlock.
         self.while_blocked: Callable[[socket.socket], None] | None = None
+        self.records = 0  #: records sent (stop-the-world counts them to prove quiescence)
 
     def send(self, data: bytes) -> None:
         if self.while_blocked is None:
@@ -65,7 +66,7 @@ class ChannelClosed(Exception):
 
 
 class InputChannel:
-    __slots__ = ("id", "sock", "reader", "back_edge", "ended")
+    __slots__ = ("id", "sock", "reader", "back_edge", "ended", "records")
 
     def __init__(self, channel_id: str, sock: socket.socket, reader: codec.FrameReader, back_edge: bool):
         self.id = channel_id
@@ -73,6 +74,7 @@ class InputChannel:
         self.reader = reader
         self.back_edge = back_edge
         self.ended = False
+        self.records = 0  #: records taken in for processing
 
     def fill(self) -> None:
         """Read what the socket has (call when it is readable)."""

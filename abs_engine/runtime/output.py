@@ -39,6 +39,7 @@ class Output:
         chans = self.channels
         n = len(chans)
         if n == 1:
+            chans[0].records += len(batch)
             chans[0].send(self._frame(batch))
         elif self.partition == "hash":
             parts: list[list[Any]] = [[] for _ in range(n)]
@@ -55,9 +56,12 @@ class Output:
                 raise OperatorFailure(self.producer) from e
             for ch, part in zip(chans, parts):
                 if part:
+                    ch.records += len(part)
                     ch.send(self._frame(part))
         else:  # rebalance: round robin, a batch at a time
-            chans[self.rr % n].send(self._frame(batch))
+            ch = chans[self.rr % n]
+            ch.records += len(batch)
+            ch.send(self._frame(batch))
             self.rr += 1
 
     def broadcast(self, data: bytes) -> None:

@@ -85,6 +85,7 @@ class Task:
         self.finished = False
         self.inputs_ended = False  #: every regular input ended (reported once)
         self.loop_ended = False
+        self.paused = False  #: stop-the-world: a source reads nothing until Resume
         self.stop = False
         self.records_in = 0
         self.records_out = 0
@@ -161,7 +162,8 @@ class Task:
         head = [(self.source_name, self.source)] if self.source is not None else []
         return head + list(zip(self.op_names, self.ops))
 
-    def _snapshot(self, checkpoint_id: int) -> None:
+    def _snapshot(self, checkpoint_id: int, forward: bool = True) -> None:
+        """forward=False: stop-the-world, nothing is in flight and no barrier travels."""
         self.last_snapshot = checkpoint_id
         states: dict[str, bytes] = {}
         for name, op in self._all_operators():
@@ -173,7 +175,7 @@ class Task:
                 states[name] = codec.pack(state)
             except (TypeError, ValueError, OverflowError) as e:
                 raise OperatorFailure(name, fatal=True) from SerializationError("the state", name, str(e))
-        if not self.finished:
+        if forward and not self.finished:
             barrier = codec.frame(codec.FrameKind.BARRIER, codec.pack(checkpoint_id))
             for out in self.outputs:
                 out.broadcast(barrier)
@@ -181,7 +183,13 @@ class Task:
         if self.blocked_since is not None:
             alignment_ms = (time.perf_counter() - self.blocked_since) * 1000
             self.blocked_since = None
-        step = self.backlog.start(checkpoint_id, (states, alignment_ms, self.finished))
+        payload = (states, alignment_ms, self.finished)
+        if not forward:
+            # Stop-the-world: nothing is in flight (proven by counting), so no back-edge
+            # has anything to log, and no barrier will come round to close a session.
+            self._write(Session(checkpoint_id, payload, set(), {}))
+            return
+        step = self.backlog.start(checkpoint_id, payload)
         self._release(step.released)
         for s in step.completed:
             self._write(s)
@@ -211,6 +219,19 @@ class Task:
             direct = self.source is not None or self.finished or self.inputs_ended
             if direct and msg.checkpoint_id > self.last_snapshot:
                 self._snapshot(msg.checkpoint_id)
+        elif isinstance(msg, messages.Snapshot):
+            if msg.checkpoint_id > self.last_snapshot:
+                self._snapshot(msg.checkpoint_id, forward=False)
+        elif isinstance(msg, messages.Pause):
+            self.paused = True
+        elif isinstance(msg, messages.Resume):
+            self.paused = False
+        elif isinstance(msg, messages.CountRequest):
+            self.control.send(messages.Counts(
+                self.spec.id, msg.wave,
+                {ch.id: ch.records for out in self.outputs for ch in out.channels},
+                {ch.id: ch.records for ch in self.inputs.values()},
+            ))
         elif isinstance(msg, messages.NotifyComplete):
             self._notify_complete(msg.checkpoint_id)
             if msg.final:
@@ -258,7 +279,7 @@ class Task:
         assert source is not None
         last_progress = time.monotonic()
         while not self.stop:
-            if self.finished:
+            if self.finished or self.paused:
                 self.on_control(control.receive())
                 continue
             for msg in control.poll():
@@ -304,6 +325,7 @@ class Task:
                     )
                 # Logged now: if a snapshot was taken, these are processed after it.
                 self.backlog.on_records(ch.id, batch)
+            ch.records += len(batch)
             self.gathered.extend(batch)
             if len(self.gathered) >= GATHER_MAX:
                 self._flush()

@@ -269,6 +269,13 @@ MESSAGE_STRATEGIES: dict[type[messages.Message], st.SearchStrategy[Any]] = {
     messages.Committed: st.builds(messages.Committed, task=text),
     messages.InputsEnded: st.builds(messages.InputsEnded, task=text),
     messages.EndLoop: st.builds(messages.EndLoop, checkpoint_id=i64),
+    messages.Pause: st.builds(messages.Pause, checkpoint_id=i64),
+    messages.Resume: st.builds(messages.Resume, checkpoint_id=i64),
+    messages.CountRequest: st.builds(messages.CountRequest, wave=i64),
+    messages.Snapshot: st.builds(messages.Snapshot, checkpoint_id=i64),
+    messages.Counts: st.builds(messages.Counts, task=text, wave=i64,
+                               sent=st.dictionaries(text, st.integers(0, 2**63 - 1), max_size=3),
+                               received=st.dictionaries(text, st.integers(0, 2**63 - 1), max_size=3)),
     messages.Failed: st.builds(messages.Failed, task=text, operator=text, traceback=text, fatal=st.booleans()),
 }
 

@@ -137,3 +137,17 @@ def test_nested_loops_with_keyed_exchanges(tmp_path):
     res = nested_flow(sink).run(checkpoint_interval=0.02, chaos=chaos, restart_delay=0)
     assert res.kills == 2
     assert sorted(sink.records()) == expected
+
+
+def test_bank_stop_the_world_under_sigkill_is_exact_and_conserved(tmp_path):
+    accounts, transfers, seed = 40, 150_000, 7
+    ck = str(tmp_path / "ck")
+    golden, killed, res = golden_then_killed(
+        lambda out: bank.build_flow(accounts, transfers, seed, out, 2), tmp_path, bank.read_output,
+        kills=3, seed=77, mode="stop-the-world", checkpoint_interval=0.05, checkpoint_dir=ck,
+        retained_checkpoints=10_000)
+    assert killed == golden == bank.oracle(accounts, transfers, seed)
+    storage = CheckpointStorage(ck)
+    assert storage.completed_ids()
+    for cid in storage.completed_ids():
+        assert bank.conserved_total(storage, cid, accounts) == bank.INITIAL * accounts, cid

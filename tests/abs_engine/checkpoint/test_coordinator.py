@@ -449,3 +449,49 @@ def test_final_checkpoint_without_periodic_interval(storage, clock):
     _, metas = ack_all(c, storage, 1)
     assert metas[-1].final is True
     assert c.poll() == []
+
+
+def test_stop_the_world_pauses_counts_snapshots_then_resumes(storage, clock):
+    c = make(storage, clock, interval=1.0, timeout=10.0, stop_the_world=True,
+             channels=frozenset({f"{s}->sink#0" for s in SOURCES}))
+    clock.advance(1.0)
+    out = c.poll()
+    pauses = [t for t, m in out if isinstance(m, messages.Pause)]
+    counts = [(t, m) for t, m in out if isinstance(m, messages.CountRequest)]
+    assert sorted(pauses) == sorted(SOURCES) and {t for t, _ in counts} == set(TASKS)
+    assert not any(isinstance(m, messages.Trigger) for _, m in out)
+    wave = counts[0][1].wave
+
+    def answer_wave(w: int, in_flight: int) -> list:
+        msgs = []
+        for t in sorted(TASKS):
+            sent = {f"{t}->sink#0": 5} if t in SOURCES else {}
+            received = {f"{s}->sink#0": 5 - in_flight for s in SOURCES} if t not in SOURCES else {}
+            msgs += c.on_counts(messages.Counts(t, w, sent, received))
+        return msgs
+
+    assert answer_wave(wave, in_flight=2) == []  # records in flight: ask again later
+    clock.advance(0.01)
+    again = [m for _, m in c.poll() if isinstance(m, messages.CountRequest)]
+    assert len(again) == len(TASKS)
+    assert answer_wave(again[0].wave, in_flight=0) == []  # balanced once
+    clock.advance(0.01)
+    third = [m for _, m in c.poll() if isinstance(m, messages.CountRequest)]
+    snaps = answer_wave(third[0].wave, in_flight=0)
+    assert {t for t, m in snaps if isinstance(m, messages.Snapshot)} == set(TASKS)
+    cid = snaps[0][1].checkpoint_id
+    meta = None
+    for t in sorted(TASKS):
+        _, meta = c.on_ack(ack(storage, cid, t))
+    assert meta is not None
+    resumes = [t for t, m in c.notifications(meta) if isinstance(m, messages.Resume)]
+    assert sorted(resumes) == sorted(SOURCES)
+
+
+def test_stop_the_world_timeout_resumes_the_sources(storage, clock):
+    c = make(storage, clock, interval=1.0, timeout=2.0, stop_the_world=True)
+    clock.advance(1.0)
+    c.poll()
+    clock.advance(2.5)
+    out = c.poll()
+    assert sorted(t for t, m in out if isinstance(m, messages.Resume)) == sorted(SOURCES)

@@ -94,3 +94,18 @@ def test_resume_from_final_checkpoint_commits_again_and_ends(small_corpus, tmp_p
     assert res.restored_from and res.checkpoints == []
     assert output_lines(out) == first
     assert as_counts(first) == batch_word_count(small_corpus)
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_stop_the_world_under_sigkill_gives_identical_output(medium_corpus, tmp_path, parallelism):
+    """Stop-the-world must be as correct as ABS: the same golden-output test."""
+    golden_out = str(tmp_path / "golden.tsv")
+    golden_s = fastest_run(lambda: wordcount(medium_corpus, golden_out, parallelism).run(mode="none"))
+    out = str(tmp_path / "killed.tsv")
+    chaos = RandomKills.uniform(3, within=0.6 * golden_s, seed=40 + parallelism, start=0.05)
+    res = wordcount(medium_corpus, out, parallelism).run(
+        mode="stop-the-world", checkpoint_interval=0.1, checkpoint_dir=str(tmp_path / "ckpt"), chaos=chaos,
+        restart_delay=0)
+    assert res.kills == 3, chaos.killed
+    assert output_lines(out) == output_lines(golden_out)
+    assert as_counts(output_lines(out)) == batch_word_count(medium_corpus)
