@@ -1,0 +1,28 @@
+"""The benchmark code runs end to end on tiny inputs, so it cannot rot unnoticed."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from benchmarks import suite
+
+pytestmark = pytest.mark.slow
+
+
+def test_suite_quick_on_tiny_inputs_writes_results_plots_and_summary(tmp_path):
+    out = tmp_path / "results"
+    assert suite.main(["--quick", "--words", "200000", "--records", "20000", "--out", str(out)]) == 0
+    doc = json.loads((out / "suite.json").read_text())
+    modes = {r["mode"] for r in doc["runs"]}
+    assert modes == {"none", "aligned", "stop-the-world"}
+    assert {r["parallelism"] for r in doc["runs"]} == {1, 2, 4}
+    assert all(r["seconds"] > 0 for r in doc["runs"])
+    assert set(doc["summary"]["overhead"]["pipeline"]["stop-the-world"]) == {"0.1", "0.5", "2.0"}
+    for png in ("overhead_vs_interval", "scalability", "checkpoint_latency", "output_stall"):
+        data = (out / "plots" / f"{png}.png").read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5_000
+    md = (out / "suite.md").read_text()
+    assert "stop-the-world" in md and "plots/overhead_vs_interval.png" in md
