@@ -87,8 +87,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         "tasks": {
             t: {"file": e.file, "bytes": e.size, "sha256": e.sha256,
                 "alignment_ms": round(meta.alignment_ms.get(t, 0.0), 3),
-                "state": jsonable(storage.read_state(cid, t)),
-                "back_edge_logs": jsonable(storage.read_logs(cid, t))}
+                "state": jsonable(storage.read_state(cid, t, meta)),
+                "back_edge_logs": jsonable(storage.read_logs(cid, t, meta))}
             for t, e in sorted(meta.tasks.items())
         },
     }

@@ -134,10 +134,10 @@ def conserved_total(storage: CheckpointStorage, checkpoint_id: int, accounts: in
     accounts_tasks = [t for t in meta.tasks if t.startswith("accounts#")]
     touched: dict[int, int] = {}
     for t in accounts_tasks:
-        touched.update(storage.read_state(checkpoint_id, t)["accounts"])
+        touched.update(storage.read_state(checkpoint_id, t, meta)["accounts"])
     in_flight = 0
     for t in meta.tasks:
-        for records in storage.read_logs(checkpoint_id, t).values():
+        for records in storage.read_logs(checkpoint_id, t, meta).values():
             in_flight += sum(r[2] for r in records if r[0] == "credit")
     return sum(touched.values()) + INITIAL * (accounts - len(touched)) + in_flight
 

@@ -141,6 +141,7 @@ class CheckpointStorage:
         final = os.path.join(d, METADATA)
         os.replace(tmp, final)
         _fsync_dir(d)
+        _fsync_dir(self.root)  # the chk-N entry itself must survive a power loss
         return final
 
     def prune(self) -> list[int]:
@@ -231,17 +232,19 @@ class CheckpointStorage:
             return meta, skipped
         return None, skipped
 
-    def read_state(self, checkpoint_id: int, task: str) -> dict[str, Any]:
-        """Decoded per-operator state of one task (verified against the metadata)."""
-        meta = self.verify(checkpoint_id)
+    def read_state(self, checkpoint_id: int, task: str, meta: Metadata | None = None) -> dict[str, Any]:
+        """Decoded per-operator state of one task (verified against the metadata, unless
+        ``meta`` is passed: it must come from verify())."""
+        meta = meta or self.verify(checkpoint_id)
         entry = meta.tasks[task]
         path = os.path.join(self.dir_of(checkpoint_id), entry.file)
         with open(path, "rb") as f:
             return decode_state(f.read(), path)
 
-    def read_logs(self, checkpoint_id: int, task: str) -> dict[str, list[Any]]:
-        """The records a task logged on its back-edges for this checkpoint."""
-        meta = self.verify(checkpoint_id)
+    def read_logs(self, checkpoint_id: int, task: str, meta: Metadata | None = None) -> dict[str, list[Any]]:
+        """The records a task logged on its back-edges for this checkpoint (``meta`` as in
+        read_state)."""
+        meta = meta or self.verify(checkpoint_id)
         path = os.path.join(self.dir_of(checkpoint_id), meta.tasks[task].file)
         with open(path, "rb") as f:
             return decode_snapshot(f.read(), path).logs

@@ -1,0 +1,1 @@
+"""Micro benchmarks (pytest-benchmark) of the engine's building blocks."""
