@@ -19,7 +19,8 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, EXAMPLE, *args], capture_output=True, text=True, timeout=110)
 
 
-@pytest.mark.parametrize("mode,source", [("aligned", "file"), ("none", "file"), ("aligned", "spark")])
+@pytest.mark.parametrize("mode,source", [("aligned", "file"), ("none", "file"),
+                                         pytest.param("aligned", "spark", marks=pytest.mark.spark)])
 def test_wordcount_cli_output_is_exact(small_corpus, tmp_path, mode, source):
     out = tmp_path / "counts.tsv"
     ck = tmp_path / "ck"
@@ -40,7 +41,7 @@ def test_wordcount_cli_output_is_exact(small_corpus, tmp_path, mode, source):
         assert listing.returncode == 0 and " ok" in listing.stdout
 
 
-@pytest.mark.parametrize("source", ["file", "spark"])
+@pytest.mark.parametrize("source", ["file", pytest.param("spark", marks=pytest.mark.spark)])
 def test_wordcount_missing_input_exits_nonzero_with_reason(tmp_path, source):
     p = run("--input", str(tmp_path / "missing.txt"), "--output", str(tmp_path / "o.tsv"), "--source", source)
     assert p.returncode == 1
