@@ -1,7 +1,7 @@
 """The ABS paper's comparison on abs-engine, in one command.
 
     python benchmarks/suite.py --quick      # under 3 minutes: a check before a release
-    python benchmarks/suite.py              # the full run (about 15 minutes on 2 cores)
+    python benchmarks/suite.py              # the full run (about 7 minutes on 2 cores)
 
 Measures, side by side in one run and repeated (median and min-max):
 1. runtime overhead against snapshot interval (0.1 ... 5 s) of ABS (`aligned`) and

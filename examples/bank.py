@@ -18,9 +18,14 @@ import sys
 import time
 from typing import Any
 
-from abs_engine import AbsEngineError, Dataflow
+from abs_engine import Dataflow
 from abs_engine.checkpoint.storage import CheckpointStorage
 from operators import FileSink, Operator, OperatorContext, Source
+
+try:
+    from ._common import add_job_flags, run_job, verdict
+except ImportError:  # run as a script
+    from _common import add_job_flags, run_job, verdict  # type: ignore[no-redef]
 
 INITIAL = 1_000
 
@@ -159,29 +164,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transfers", type=int, default=200_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output", default="balances.tsv")
-    ap.add_argument("--parallelism", type=int, default=2)
-    ap.add_argument("--checkpoint-interval", type=float, default=0.1)
-    ap.add_argument("--checkpoint-dir")
-    ap.add_argument("--mode", choices=["aligned", "none", "stop-the-world"], default="aligned")
+    add_job_flags(ap, interval=0.1)
     args = ap.parse_args(argv)
     if args.accounts < 2:
         ap.error("--accounts must be at least 2")
-    flow = build_flow(args.accounts, args.transfers, args.seed, args.output, args.parallelism)
-    print(flow.explain(), file=sys.stderr)
     t0 = time.perf_counter()
-    try:
-        res = flow.run(mode=args.mode, checkpoint_interval=args.checkpoint_interval,
-                       checkpoint_dir=args.checkpoint_dir, progress=True)
-    except (AbsEngineError, ValueError) as e:
-        print(f"bank: FAILED: {e}", file=sys.stderr)
+    res = run_job("bank", build_flow(args.accounts, args.transfers, args.seed, args.output, args.parallelism), args)
+    if res is None:
         return 1
     got = read_output(args.output)
     print(f"\nbank: {args.transfers:,} transfers between {args.accounts} accounts in "
           f"{time.perf_counter() - t0:.2f}s; {len(res.checkpoints)} checkpoints; "
           f"total {sum(got.values()):,} (initial {INITIAL * args.accounts:,})")
-    exact = got == oracle(args.accounts, args.transfers, args.seed)
-    print(f"bank: balances equal a plain batch computation: {'YES' if exact else 'NO'}")
-    return 0 if exact else 1
+    return verdict("bank", got == oracle(args.accounts, args.transfers, args.seed))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,13 @@ import sys
 import time
 from typing import Any
 
-from abs_engine import AbsEngineError, Dataflow
+from abs_engine import Dataflow
 from operators import FileSink, Operator, RangeSource
+
+try:
+    from ._common import add_job_flags, run_job, verdict
+except ImportError:  # run as a script
+    from _common import add_job_flags, run_job, verdict  # type: ignore[no-redef]
 
 
 class CollatzStep(Operator):
@@ -99,27 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--numbers", type=int, default=20_000)
     ap.add_argument("--output", default="collatz.tsv")
-    ap.add_argument("--parallelism", type=int, default=2)
-    ap.add_argument("--checkpoint-interval", type=float, default=0.25)
-    ap.add_argument("--checkpoint-dir")
-    ap.add_argument("--mode", choices=["aligned", "none", "stop-the-world"], default="aligned")
+    add_job_flags(ap, interval=0.25)
     args = ap.parse_args(argv)
-    flow = build_flow(args.numbers, args.output, args.parallelism)
-    print(flow.explain(), file=sys.stderr)
     t0 = time.perf_counter()
-    try:
-        res = flow.run(mode=args.mode, checkpoint_interval=args.checkpoint_interval,
-                       checkpoint_dir=args.checkpoint_dir, progress=True)
-    except (AbsEngineError, ValueError) as e:
-        print(f"collatz: FAILED: {e}", file=sys.stderr)
+    res = run_job("collatz", build_flow(args.numbers, args.output, args.parallelism), args)
+    if res is None:
         return 1
     got = read_output(args.output)
     total_steps = sum(got.values())
     print(f"\ncollatz: {len(got):,} numbers, {total_steps:,} trips round the loop in "
           f"{time.perf_counter() - t0:.2f}s; {len(res.checkpoints)} checkpoints")
-    exact = got == oracle(args.numbers)
-    print(f"collatz: output equals a plain batch computation: {'YES' if exact else 'NO'}")
-    return 0 if exact else 1
+    return verdict("collatz", got == oracle(args.numbers))
 
 
 if __name__ == "__main__":

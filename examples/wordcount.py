@@ -23,6 +23,11 @@ from abs_engine import AbsEngineError, Dataflow
 from abs_engine.testing import write_zipf_corpus
 from operators import FileSink, TextFileSource
 
+try:
+    from ._common import add_job_flags, verdict
+except ImportError:  # run as a script
+    from _common import add_job_flags, verdict  # type: ignore[no-redef]
+
 
 def build_flow(input: str = "input.txt", output: str = "wordcount-out.tsv", parallelism: int = 2,
                source: str = "file") -> Dataflow:
@@ -69,10 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input", help="text file to count (default: generate a Zipf corpus)")
     ap.add_argument("--words", type=int, default=5_000_000, help="size of the generated corpus")
     ap.add_argument("--output", default="wordcount-out.tsv")
-    ap.add_argument("--parallelism", type=int, default=2)
-    ap.add_argument("--checkpoint-interval", type=float, default=0.25, help="seconds between checkpoints")
-    ap.add_argument("--checkpoint-dir", help="where checkpoints go (default: a temporary directory)")
-    ap.add_argument("--mode", choices=["aligned", "none", "stop-the-world"], default="aligned")
+    add_job_flags(ap, interval=0.25)
     ap.add_argument("--source", choices=["spark", "file"], default="spark",
                     help="read the input through Spark (default) or with the plain file reader")
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoints in --checkpoint-dir")
@@ -112,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
           f"output: {args.output}")
     if args.no_verify:
         return 0
-    exact = batch_count(args.input) == out
-    print(f"wordcount: output equals a plain batch count: {'YES' if exact else 'NO'}")
-    return 0 if exact else 1
+    return verdict("wordcount", batch_count(args.input) == out, "a plain batch count")
 
 
 if __name__ == "__main__":

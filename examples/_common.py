@@ -1,0 +1,33 @@
+"""What the example jobs share: their job flags and how they run and report a job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from abs_engine import AbsEngineError, Dataflow, JobResult
+from abs_engine.executors.config import MODES
+
+
+def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
+    ap.add_argument("--parallelism", type=int, default=2)
+    ap.add_argument("--checkpoint-interval", type=float, default=interval, help="seconds between checkpoints")
+    ap.add_argument("--checkpoint-dir", help="where checkpoints go (default: a temporary directory)")
+    ap.add_argument("--mode", choices=list(MODES), default="aligned")
+
+
+def run_job(name: str, flow: Dataflow, args: argparse.Namespace, **extra: Any) -> JobResult | None:
+    """Run with the job flags and a progress line; None (after saying why) if it failed."""
+    print(flow.explain(), file=sys.stderr)
+    try:
+        return flow.run(mode=args.mode, checkpoint_interval=args.checkpoint_interval,
+                        checkpoint_dir=args.checkpoint_dir, progress=True, **extra)
+    except (AbsEngineError, ValueError) as e:
+        print(f"{name}: FAILED: {e}", file=sys.stderr)
+        return None
+
+
+def verdict(name: str, exact: bool, what: str = "a plain batch computation") -> int:
+    print(f"{name}: output equals {what}: {'YES' if exact else 'NO'}")
+    return 0 if exact else 1
