@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import runpy
 import sys
 from typing import Any
@@ -20,7 +21,13 @@ from .errors import AbsEngineError, CheckpointError, CheckpointErrorReason
 
 def load_flow(path: str) -> Dataflow:
     """A Dataflow from a Python file: its ``build_flow()`` function, else a module-level Dataflow."""
-    ns = runpy.run_path(path, run_name="__abs_engine_plan__")
+    # Like `python FILE.py`: the file's directory is importable (sibling modules).
+    here = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, here)
+    try:
+        ns = runpy.run_path(path, run_name="__abs_engine_plan__")
+    finally:
+        sys.path.remove(here)
     if callable(ns.get("build_flow")):
         flow = ns["build_flow"]()
         if isinstance(flow, Dataflow):
