@@ -31,3 +31,15 @@ def run_job(name: str, flow: Dataflow, args: argparse.Namespace, **extra: Any) -
 def verdict(name: str, exact: bool, what: str = "a plain batch computation") -> int:
     print(f"{name}: output equals {what}: {'YES' if exact else 'NO'}")
     return 0 if exact else 1
+
+
+def read_int_pairs(path: str, what: str) -> dict[int, int]:
+    """An output of ``key<TAB>value`` integer lines; a key seen twice is a duplicate (an error)."""
+    out: dict[int, int] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            a, b = line.split("\t")
+            if int(a) in out:
+                raise ValueError(f"{what} {a} appears twice in the output")
+            out[int(a)] = int(b)
+    return out

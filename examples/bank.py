@@ -23,9 +23,9 @@ from abs_engine.checkpoint.storage import CheckpointStorage
 from operators import FileSink, Operator, OperatorContext, Source
 
 try:
-    from ._common import add_job_flags, run_job, verdict
+    from ._common import add_job_flags, read_int_pairs, run_job, verdict
 except ImportError:  # run as a script
-    from _common import add_job_flags, run_job, verdict  # type: ignore[no-redef]
+    from _common import add_job_flags, read_int_pairs, run_job, verdict  # type: ignore[no-redef]
 
 INITIAL = 1_000
 
@@ -148,14 +148,7 @@ def conserved_total(storage: CheckpointStorage, checkpoint_id: int, accounts: in
 
 
 def read_output(path: str) -> dict[int, int]:
-    out: dict[int, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            a, b = line.split("\t")
-            if int(a) in out:
-                raise ValueError(f"account {a} appears twice in the output")
-            out[int(a)] = int(b)
-    return out
+    return read_int_pairs(path, "account")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,9 +20,9 @@ from abs_engine import Dataflow
 from operators import FileSink, Operator, RangeSource
 
 try:
-    from ._common import add_job_flags, run_job, verdict
+    from ._common import add_job_flags, read_int_pairs, run_job, verdict
 except ImportError:  # run as a script
-    from _common import add_job_flags, run_job, verdict  # type: ignore[no-redef]
+    from _common import add_job_flags, read_int_pairs, run_job, verdict  # type: ignore[no-redef]
 
 
 class CollatzStep(Operator):
@@ -90,14 +90,7 @@ def oracle(numbers: int) -> dict[int, int]:
 
 
 def read_output(path: str) -> dict[int, int]:
-    out: dict[int, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            a, b = line.split("\t")
-            if int(a) in out:
-                raise ValueError(f"number {a} appears twice in the output")
-            out[int(a)] = int(b)
-    return out
+    return read_int_pairs(path, "number")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,9 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import cloudpickle
-
-from .. import codec, messages
+from .. import codec, codeship, messages
 from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.storage import CheckpointStorage, Metadata
 from ..errors import CheckpointError, CheckpointErrorReason, JobFailed
@@ -56,16 +54,6 @@ class Worker:
     reader: codec.FrameReader = field(default_factory=codec.FrameReader)
     running: bool = False
     committed: bool = False
-
-
-def ship_code(graph: LogicalGraph) -> bytes:
-    """The user's operators and key functions, by value where needed (cloudpickle)."""
-    return cloudpickle.dumps(
-        {
-            "ops": {n.name: n.template for n in graph.nodes.values()},
-            "keys": {n.name: n.key_fn for n in graph.nodes.values()},
-        }
-    )
 
 
 def worker_env() -> dict[str, str]:
@@ -103,7 +91,7 @@ class LocalExecutor:
                 if start is not None:
                     start()
                     started.append(t)
-            self.code = ship_code(self.graph)
+            self.code = codeship.ship(self.graph)
             return self._run()
         finally:
             for t in started:

@@ -17,7 +17,7 @@ import sys
 import traceback
 from typing import Any
 
-from .. import messages
+from .. import codeship, messages
 from ..checkpoint.storage import TaskSnapshotData, decode_snapshot
 from ..errors import CheckpointError, CheckpointErrorReason
 from ..plan import Plan
@@ -46,14 +46,12 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     deploy = control.receive()
     if not isinstance(deploy, messages.Deploy):
         raise RuntimeError(f"expected Deploy, got {deploy!r}")
-    import cloudpickle  # code only: the user's operators and key functions
-
     from operators.base import OperatorContext
 
     plan = Plan.from_dict(deploy.plan)
     spec = plan.task(task_id)
     chain = plan.chain(spec.chain)
-    code = cloudpickle.loads(deploy.code)
+    code = codeship.load(deploy.code)  # user code from the driver, never data
     templates, key_fns = code["ops"], code["keys"]
     restored = deploy.restore is not None
 
