@@ -5,6 +5,9 @@ Invariants:
 - msgpack arrays decode as tuples (hashable, so they can be keys): a list a user emits
   arrives downstream as a tuple. Maps may have non-string keys.
 - A frame on the wire is ``!IB`` (payload length, kind) followed by the payload.
+- A reader refuses a frame whose header announces more than its ``max_frame`` bytes before
+  it buffers the payload (ProtocolError(FRAME_TOO_LARGE)); writers split record batches so
+  that no legitimate frame comes near the bound.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from typing import Any
 
 import msgpack
 
+from .errors import ProtocolError, ProtocolErrorReason
+
 HEADER = struct.Struct("!IB")
 HEADER_SIZE = HEADER.size
-MAX_FRAME = 1 << 31
+MAX_FRAME = 256 << 20  #: data frames (record batches); a batch is split long before this
+MAX_CONTROL_FRAME = 16 << 20  #: what the driver accepts from a worker (acks, failures, counts)
 
 
 class FrameKind:
@@ -51,11 +57,12 @@ class FrameReader:
     buffer does not hold a whole frame yet. Frames come out in the order they went in.
     """
 
-    __slots__ = ("_buf", "_pos")
+    __slots__ = ("_buf", "_pos", "max_frame")
 
-    def __init__(self) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buf = bytearray()
         self._pos = 0
+        self.max_frame = max_frame
 
     def feed(self, data: bytes) -> None:
         if self._pos and self._pos == len(self._buf):
@@ -71,6 +78,9 @@ class FrameReader:
         if len(buf) - pos < HEADER_SIZE:
             return None
         length, kind = HEADER.unpack_from(buf, pos)
+        if length > self.max_frame:
+            raise ProtocolError(ProtocolErrorReason.FRAME_TOO_LARGE,
+                                f"a frame of {length:,} bytes exceeds the maximum of {self.max_frame:,}")
         end = pos + HEADER_SIZE + length
         if len(buf) < end:
             return None

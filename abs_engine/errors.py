@@ -45,6 +45,10 @@ class CheckpointErrorReason(enum.Enum):
     PLAN_MISMATCH = "plan_mismatch"
     NOT_FOUND = "not_found"
     DIRECTORY_NOT_EMPTY = "directory_not_empty"
+    LOCKED = "locked"  #: another job (or another --resume) holds the checkpoint directory
+    FOREIGN_JOB = "foreign_job"  #: the checkpoint belongs to another job (job id differs)
+    UNSAFE_PATH = "unsafe_path"  #: a name or file that escapes or is not a plain regular file
+    TOO_LARGE = "too_large"  #: a file larger than its recorded (or the maximum) size
 
 
 class CheckpointError(AbsEngineError):
@@ -83,3 +87,24 @@ class JobFailed(AbsEngineError):
         super().__init__(full)
         self.operator = operator
         self.user_traceback = user_traceback
+
+
+class ProtocolErrorReason(enum.Enum):
+    AUTH_FAILED = "auth_failed"  #: the peer does not know the job's secret
+    HANDSHAKE_TIMEOUT = "handshake_timeout"  #: the handshake did not finish in time
+    FRAME_TOO_LARGE = "frame_too_large"  #: a frame header announced more than the maximum
+    MALFORMED = "malformed"  #: a frame that does not decode into a known message
+    CLOSED = "closed"  #: the peer closed the connection during the handshake
+
+
+class ProtocolError(AbsEngineError):
+    """A connection broke the wire protocol (unauthenticated, oversized or malformed)."""
+
+    def __init__(self, reason: ProtocolErrorReason, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class FencedOut(AbsEngineError):
+    """This process belongs to an attempt that a newer one has replaced: it must not
+    change output or checkpoints any more."""
