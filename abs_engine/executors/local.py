@@ -288,6 +288,17 @@ class LocalExecutor:
             self.result.kills += 1
             self._log(f"chaos: SIGKILL {victim}")
 
+    def _chaos_on_checkpoint(self, checkpoint_id: int, workers: dict[str, Worker]) -> None:
+        """Chaos that kills on checkpoint events (``chaos.on_checkpoint(id, pids)``): a kill
+        after a completed checkpoint is sure to be followed by a restore from one."""
+        hook = getattr(self.config.chaos, "on_checkpoint", None)
+        if hook is None:
+            return
+        victim = hook(checkpoint_id, {t: w.proc.pid for t, w in workers.items() if w.proc.poll() is None})
+        if victim is not None:
+            self.result.kills += 1
+            self._log(f"chaos: SIGKILL {victim} after checkpoint {checkpoint_id}")
+
     def _drive(self, workers: dict[str, Worker], storage: CheckpointStorage, meta: Metadata | None, next_id: int) -> None:
         cfg = self.config
         final_restore = meta is not None and meta.final
@@ -367,6 +378,7 @@ class LocalExecutor:
                     max(meta.alignment_ms.values(), default=0.0), meta.final))
                 for task, m in coord.notifications(meta):
                     self._send(workers[task], m)
+                self._chaos_on_checkpoint(meta.checkpoint_id, workers)
                 if coord.just_drained:
                     self._log(f"checkpoint {meta.checkpoint_id} proves loop(s) {coord.just_drained} drained: "
                               "ending them")
