@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 
+def _on_error(on_error: str) -> str:
+    if on_error not in ("fail", "skip"):
+        raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                         f"on_error must be 'fail' or 'skip', got {on_error!r}")
+    return on_error
+
+
 def _fn_label(fn: Any) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
@@ -123,16 +130,26 @@ class Stream:
         self.flow.graph.edges.append(Edge(self.node, n, self._partition))
         return n
 
-    def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None) -> "Stream":
-        return Stream(self.flow, self._then(Map(fn), "map", f"map({_fn_label(fn)})", name, parallelism))
+    def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None,
+            on_error: str = "fail") -> "Stream":
+        """``fn(record)`` for every record. on_error="skip" drops (and reports) records on
+        which ``fn`` raises; the default fails the task, naming the record."""
+        return Stream(self.flow, self._then(Map(fn, _on_error(on_error)), "map", f"map({_fn_label(fn)})", name,
+                                            parallelism))
 
     def flat_map(
-        self, fn: Callable[[Any], Iterable[Any]], name: str | None = None, parallelism: int | None = None
+        self, fn: Callable[[Any], Iterable[Any]], name: str | None = None, parallelism: int | None = None,
+        on_error: str = "fail",
     ) -> "Stream":
-        return Stream(self.flow, self._then(FlatMap(fn), "flat_map", f"flat_map({_fn_label(fn)})", name, parallelism))
+        """Every record ``fn(record)`` yields; on_error as in map()."""
+        return Stream(self.flow, self._then(FlatMap(fn, _on_error(on_error)), "flat_map", f"flat_map({_fn_label(fn)})",
+                                            name, parallelism))
 
-    def filter(self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None) -> "Stream":
-        return Stream(self.flow, self._then(Filter(fn), "filter", f"filter({_fn_label(fn)})", name, parallelism))
+    def filter(self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None,
+               on_error: str = "fail") -> "Stream":
+        """The records for which ``fn(record)`` is true; on_error as in map()."""
+        return Stream(self.flow, self._then(Filter(fn, _on_error(on_error)), "filter", f"filter({_fn_label(fn)})",
+                                            name, parallelism))
 
     def apply(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> "Stream":
         """Any user-defined Operator subclass."""
@@ -182,13 +199,15 @@ class KeyedStream(Stream):
     def count_final(self, name: str | None = None, parallelism: int | None = None) -> Stream:
         return self._keyed(CountFinal(self.key_fn), "count_final", name, parallelism)
 
-    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None) -> Stream:
-        return self._keyed(Reduce(fn, self.key_fn), "reduce", name, parallelism)
+    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None,
+               on_error: str = "fail") -> Stream:
+        return self._keyed(Reduce(fn, self.key_fn, _on_error(on_error)), "reduce", name, parallelism)
 
     def reduce_final(
-        self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None
+        self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None,
+        on_error: str = "fail",
     ) -> Stream:
-        return self._keyed(ReduceFinal(fn, self.key_fn), "reduce_final", name, parallelism)
+        return self._keyed(ReduceFinal(fn, self.key_fn, _on_error(on_error)), "reduce_final", name, parallelism)
 
     def apply_keyed(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> Stream:
         """A user-defined keyed operator; it must key its state by the same key."""

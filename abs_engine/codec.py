@@ -88,5 +88,12 @@ class FrameReader:
         self._pos = end
         return kind, payload
 
+    def take_rest(self) -> bytes:
+        """The bytes buffered after the last frame (to hand them to another reader)."""
+        rest = bytes(self._buf[self._pos:])
+        self._buf.clear()
+        self._pos = 0
+        return rest
+
     def buffered(self) -> int:
         return len(self._buf) - self._pos

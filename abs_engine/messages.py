@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from . import codec
+from .errors import ProtocolError, ProtocolErrorReason
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class Deploy(Message):
     restore: dict[str, Any] | None  #: {"checkpoint_id", "path", "size", "sha256"} or None
     restore_final: bool  #: the restored checkpoint is the job's final one: commit and exit
     checkpoint_dir: str
+    fence: str = ""  #: this attempt's fence token: sinks publish only while it is current
+    heartbeat_interval: float = 1.0  #: seconds between the worker's heartbeats
+    task_timeout: float = 0.0  #: a user function busy longer than this fails the task (0: never)
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,15 @@ class Shutdown(Message):
 
 
 # ---- worker -> driver -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    """Sent by the worker's watchdog thread every heartbeat interval, even while the task
+    thread is inside a user function: the driver learns the process is alive."""
+
+    TAG: ClassVar[str] = "heartbeat"
+    task: str
 
 
 @dataclass(frozen=True)
@@ -182,12 +195,25 @@ class Failed(Message):
     operator: str
     traceback: str
     fatal: bool  #: retrying cannot help (e.g. state that msgpack cannot encode)
+    record: str = ""  #: a truncated repr of the record the operator failed on, if known
+    digest: str = ""  #: identifies that record (sha256 of its msgpack), to spot a poison record
+
+
+@dataclass(frozen=True)
+class Skipped(Message):
+    """An operator with on_error="skip" dropped a record its function raised on."""
+
+    TAG: ClassVar[str] = "skipped"
+    task: str
+    operator: str
+    record: str  #: truncated repr
+    error: str  #: the exception, one line
 
 
 _REGISTRY: dict[str, type[Message]] = {
     cls.TAG: cls
     for cls in (Deploy, Trigger, NotifyComplete, Shutdown, Hello, Running, Ack, Finished, Progress, Committed,
-                Failed, InputsEnded, EndLoop, Pause, Resume, CountRequest, Snapshot, Counts)
+                Failed, InputsEnded, EndLoop, Pause, Resume, CountRequest, Snapshot, Counts, Heartbeat, Skipped)
 }
 
 
@@ -197,5 +223,16 @@ def encode(msg: Message) -> bytes:
 
 
 def decode(payload: bytes) -> Message:
-    tag, *fields = codec.unpack(payload)
-    return _REGISTRY[tag](*fields)
+    """A message from its frame payload; ProtocolError(MALFORMED) for anything else, so a
+    bad frame fails the connection it came on, never the reader."""
+    try:
+        doc = codec.unpack(payload)
+        if not isinstance(doc, tuple) or not doc or not isinstance(doc[0], str):
+            raise ValueError("not a [tag, fields...] array")
+        tag, *fields = doc
+        cls = _REGISTRY.get(tag)
+        if cls is None:
+            raise ValueError(f"unknown message tag {tag[:40]!r}")
+        return cls(*fields)
+    except Exception as e:  # noqa: BLE001 - any decoding failure is the sender's fault
+        raise ProtocolError(ProtocolErrorReason.MALFORMED, f"malformed control message: {e}") from None

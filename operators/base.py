@@ -14,9 +14,10 @@ idempotent: after a crash the notification may come again, or restore() may come
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ContextManager
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,41 @@ class OperatorContext:
     parallelism: int
     attempt: int  #: 0 for the first run of the job, +1 on every restart
     restored: bool  #: state will be (or was) restored from a checkpoint
+    #: The attempt's fence (abs_engine.checkpoint.fence.Fence) or None; use ``guard()``.
+    fence: Any = None
+
+    def guard(self) -> ContextManager[None]:
+        """Hold this around every change a sink makes to its output (publish, truncate,
+        delete): it excludes other writers and raises abs_engine.errors.FencedOut if this
+        process belongs to an attempt that a newer one has replaced."""
+        return self.fence.hold() if self.fence is not None else contextlib.nullcontext()  # type: ignore[no-any-return]
+
+
+ON_ERROR = ("fail", "skip")
+
+
+class RecordError(Exception):
+    """An operator's function raised on ``record`` (the user's exception is the cause).
+    Built-in operators raise it so that the failure names the record; the driver fails the
+    job at once if the same record fails the same operator again after a restart."""
+
+    def __init__(self, record: Any):
+        super().__init__("a record made the operator's function raise")
+        self.record = record
+
+
+def check_on_error(on_error: str) -> str:
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    return on_error
 
 
 class Operator(ABC):
     """A transformation of batches. Stateless unless snapshot/restore are overridden."""
+
+    #: Records dropped by on_error="skip" since the runtime last looked: (record, exception).
+    #: The runtime reports and clears them after each batch.
+    skipped: list[tuple[Any, BaseException]]
 
     def open(self, ctx: OperatorContext) -> None:
         self.ctx = ctx

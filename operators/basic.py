@@ -1,35 +1,82 @@
-"""Stateless batch operators: map, flat_map, filter, identity (used for union)."""
+"""Stateless batch operators: map, flat_map, filter, identity (used for union).
+
+The fast path applies the user's function to a whole batch in one expression. If it
+raises, the batch is re-run one record at a time (these operators are stateless, so that
+is safe) to find the record: with ``on_error="fail"`` (the default) a RecordError naming it
+fails the task; with ``on_error="skip"`` failing records are dropped and reported, the rest
+go on. A function that does not raise again on its own (not deterministic) fails as it did.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from .base import Operator
+from .base import Operator, RecordError, check_on_error
 
 
-class Map(Operator):
-    def __init__(self, fn: Callable[[Any], Any]):
+class _PerRecord(Operator):
+    def __init__(self, fn: Callable[[Any], Any], on_error: str = "fail"):
         self.fn = fn
+        self.on_error = check_on_error(on_error)
+        self.skipped = []
+
+    def _one(self, record: Any, out: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _isolate(self, batch: list[Any], first: BaseException) -> list[Any]:
+        out: list[Any] = []
+        for record in batch:
+            try:
+                self._one(record, out)
+            except Exception as e:
+                if self.on_error == "skip":
+                    self.skipped.append((record, e))
+                    continue
+                raise RecordError(record) from e
+        if self.on_error == "fail":
+            raise first  # it did not fail on any single record: not reproducible
+        return out
+
+
+class Map(_PerRecord):
+    def _one(self, record: Any, out: list[Any]) -> None:
+        out.append(self.fn(record))
 
     def process(self, batch: list[Any]) -> list[Any]:
-        return list(map(self.fn, batch))
+        try:
+            return list(map(self.fn, batch))
+        except Exception as e:
+            return self._isolate(batch, e)
 
 
-class FlatMap(Operator):
-    def __init__(self, fn: Callable[[Any], Iterable[Any]]):
-        self.fn = fn
+class FlatMap(_PerRecord):
+    def __init__(self, fn: Callable[[Any], Iterable[Any]], on_error: str = "fail"):
+        super().__init__(fn, on_error)
+
+    def _one(self, record: Any, out: list[Any]) -> None:
+        out.extend(self.fn(record))
 
     def process(self, batch: list[Any]) -> list[Any]:
         fn = self.fn
-        return [out for rec in batch for out in fn(rec)]
+        try:
+            return [out for rec in batch for out in fn(rec)]
+        except Exception as e:
+            return self._isolate(batch, e)
 
 
-class Filter(Operator):
-    def __init__(self, fn: Callable[[Any], bool]):
-        self.fn = fn
+class Filter(_PerRecord):
+    def __init__(self, fn: Callable[[Any], bool], on_error: str = "fail"):
+        super().__init__(fn, on_error)
+
+    def _one(self, record: Any, out: list[Any]) -> None:
+        if self.fn(record):
+            out.append(record)
 
     def process(self, batch: list[Any]) -> list[Any]:
-        return list(filter(self.fn, batch))
+        try:
+            return list(filter(self.fn, batch))
+        except Exception as e:
+            return self._isolate(batch, e)
 
 
 class Identity(Operator):

@@ -138,7 +138,7 @@ class FileSink(Sink):
             os.makedirs(self.path, exist_ok=True)
             self.out_path = os.path.join(self.path, f"part-{ctx.subtask_index:05d}")
         if not ctx.restored:
-            with open(self.out_path, "wb") as f:
+            with ctx.guard(), open(self.out_path, "wb") as f:
                 os.fsync(f.fileno())
 
     def process(self, batch: list[Any]) -> list[Any]:
@@ -156,20 +156,23 @@ class FileSink(Sink):
         self.published = state["published"]
         self.pending = [(int(e), bytes(d)) for e, d in state["pending"]]
         self.buffer = []
-        size = os.path.getsize(self.out_path) if os.path.exists(self.out_path) else -1
-        if size < self.published:
-            raise InputError(
-                f"output {self.out_path!r} is shorter ({size} bytes) than the {self.published} bytes "
-                "the checkpoint says were committed: it was changed outside the job; "
-                "restore it or start the job afresh"
-            )
-        # Everything pending in a completed checkpoint is committed (recover-and-commit).
-        self._publish(upto=None)
+        with self.ctx.guard():  # fenced: a stale attempt must not race this truncate
+            size = os.path.getsize(self.out_path) if os.path.exists(self.out_path) else -1
+            if size < self.published:
+                raise InputError(
+                    f"output {self.out_path!r} is shorter ({size} bytes) than the {self.published} bytes "
+                    "the checkpoint says were committed: it was changed outside the job; "
+                    "restore it or start the job afresh"
+                )
+            # Everything pending in a completed checkpoint is committed (recover-and-commit).
+            self._publish(upto=None)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self._publish(upto=checkpoint_id)
+        with self.ctx.guard():
+            self._publish(upto=checkpoint_id)
 
     def _publish(self, upto: int | None) -> None:
+        """Append the ready epochs after ``published``. Call under ``ctx.guard()``."""
         ready = [d for e, d in self.pending if upto is None or e <= upto]
         with open(self.out_path, "r+b") as f:
             # Truncating first drops anything a crash left half-written after `published`.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable
 
-from .base import Operator
+from .base import Operator, RecordError, check_on_error
 
 KeyFn = Callable[[Any], Any] | None
 
@@ -21,7 +21,18 @@ class _Keyed(Operator):
         self.state: dict[Any, Any] = {}
 
     def keys_of(self, batch: list[Any]) -> list[Any]:
-        return batch if self.key_fn is None else list(map(self.key_fn, batch))
+        if self.key_fn is None:
+            return batch
+        try:
+            return list(map(self.key_fn, batch))
+        except Exception:
+            key_fn = self.key_fn
+            for record in batch:
+                try:
+                    key_fn(record)
+                except Exception as e:
+                    raise RecordError(record) from e
+            raise
 
     def snapshot(self, checkpoint_id: int) -> Any:
         # No copy: the task encodes the returned state before it processes another record.
@@ -63,16 +74,31 @@ class CountFinal(_Keyed):
 
 
 class Reduce(_Keyed):
-    """Running reduce per key: acc = fn(acc, record); emits (key, acc) for every record."""
+    """Running reduce per key: acc = fn(acc, record); emits (key, acc) for every record.
 
-    def __init__(self, fn: Callable[[Any, Any], Any], key_fn: KeyFn = None):
+    If ``fn`` raises, the state of that key is unchanged: with on_error="fail" (default) the
+    task fails naming the record, with on_error="skip" the record is dropped and reported."""
+
+    def __init__(self, fn: Callable[[Any, Any], Any], key_fn: KeyFn = None, on_error: str = "fail"):
         super().__init__(key_fn)
         self.fn = fn
+        self.on_error = check_on_error(on_error)
+        self.skipped: list[tuple[Any, BaseException]] = []
+
+    def _failed(self, record: Any, e: Exception) -> None:
+        if self.on_error == "skip":
+            self.skipped.append((record, e))
+            return
+        raise RecordError(record) from e
 
     def process(self, batch: list[Any]) -> list[Any]:
         state, fn, out = self.state, self.fn, []
         for k, rec in zip(self.keys_of(batch), batch):
-            acc = fn(state[k], rec) if k in state else rec
+            try:
+                acc = fn(state[k], rec) if k in state else rec
+            except Exception as e:
+                self._failed(rec, e)
+                continue
             state[k] = acc
             out.append((k, acc))
         return out
@@ -84,7 +110,10 @@ class ReduceFinal(Reduce):
     def process(self, batch: list[Any]) -> list[Any]:
         state, fn = self.state, self.fn
         for k, rec in zip(self.keys_of(batch), batch):
-            state[k] = fn(state[k], rec) if k in state else rec
+            try:
+                state[k] = fn(state[k], rec) if k in state else rec
+            except Exception as e:
+                self._failed(rec, e)
         return []
 
     def finish(self) -> list[Any]:

@@ -39,16 +39,17 @@ class ParquetSink(Sink):
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
         os.makedirs(self.path, exist_ok=True)
-        for name in os.listdir(self.path):
-            if name.startswith(f".tmp-{ctx.subtask_index:05d}-"):
-                os.remove(os.path.join(self.path, name))  # a crash mid-write
-        if not ctx.restored:
-            self._delete_mine(after=-1)
-            if ctx.subtask_index == 0:  # parts of a wider earlier run
-                for name in os.listdir(self.path):
-                    m = _PART.match(name)
-                    if m and int(m.group(1)) >= ctx.parallelism:
-                        os.remove(os.path.join(self.path, name))
+        with ctx.guard():  # fenced: only the current attempt changes the output
+            for name in os.listdir(self.path):
+                if name.startswith(f".tmp-{ctx.subtask_index:05d}-"):
+                    os.remove(os.path.join(self.path, name))  # a crash mid-write
+            if not ctx.restored:
+                self._delete_mine(after=-1)
+                if ctx.subtask_index == 0:  # parts of a wider earlier run
+                    for name in os.listdir(self.path):
+                        m = _PART.match(name)
+                        if m and int(m.group(1)) >= ctx.parallelism:
+                            os.remove(os.path.join(self.path, name))
 
     def process(self, batch: list[Any]) -> list[Any]:
         self.buffer.extend(batch)
@@ -63,12 +64,14 @@ class ParquetSink(Sink):
     def restore(self, state: Any) -> None:
         self.pending = [(int(e), list(rows)) for e, rows in state["pending"]]
         self.buffer = []
-        # Epochs after the restored checkpoint were published by the failed attempt: roll back.
-        self._delete_mine(after=int(state["checkpoint"]))
-        self._publish(upto=None)  # pending epochs of a completed checkpoint are committed
+        with self.ctx.guard():
+            # Epochs after the restored checkpoint were published by the failed attempt: roll back.
+            self._delete_mine(after=int(state["checkpoint"]))
+            self._publish(upto=None)  # pending epochs of a completed checkpoint are committed
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self._publish(upto=checkpoint_id)
+        with self.ctx.guard():
+            self._publish(upto=checkpoint_id)
 
     def _mine(self) -> list[tuple[int, str]]:
         out = []

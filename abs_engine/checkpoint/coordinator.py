@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from .. import messages
 from .pending import AckOutcome, PendingCheckpoint, TaskSnapshot
@@ -37,11 +37,19 @@ from .quiescence import QuiescenceDetector, Verdict
 from .storage import CheckpointStorage, FileEntry, Metadata
 
 
+KEEP_STATS = 1000  #: the stats lists keep at least this many recent entries (bounded memory)
+
+
 @dataclass
 class CoordinatorStats:
     completed: list[Metadata] = field(default_factory=list)
     aborted: list[int] = field(default_factory=list)
     outcomes: dict[AckOutcome, int] = field(default_factory=dict)
+
+    @staticmethod
+    def trim(items: list[Any]) -> None:
+        if len(items) >= 2 * KEEP_STATS:
+            del items[:-KEEP_STATS]
 
 
 class CheckpointCoordinator:
@@ -62,10 +70,12 @@ class CheckpointCoordinator:
         stop_the_world: bool = False,
         channels: frozenset[str] = frozenset(),
         wave_interval: float = 0.002,
+        job_id: str = "",
     ):
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.job = job
+        self.job_id = job_id
         self.fingerprint = fingerprint
         self.tasks = frozenset(tasks)
         self.source_tasks = list(source_tasks)
@@ -74,6 +84,7 @@ class CheckpointCoordinator:
         self.timeout = timeout
         self.max_in_flight = max_in_flight
         self.next_id = next_id
+        self.first_id = next_id
         self.clock = clock
         self.loops = loops or {}  #: loop id -> (its tasks, tasks feeding it)
         self.drain_interval = drain_interval
@@ -88,7 +99,9 @@ class CheckpointCoordinator:
         self.wave_interval = wave_interval
         self.stw_checkpoint: int | None = None  #: the stop-the-world checkpoint in progress
         self.next_wave_at: float | None = None
-        self.closed_ids: set[int] = set()  #: completed, aborted or subsumed
+        #: Checkpoints that expired, with the tasks that had not acknowledged them; the
+        #: executor drains this list (it reports them and counts consecutive failures).
+        self.expired: list[tuple[int, tuple[str, ...]]] = []
         self.final_completed: Metadata | None = None
         self.stats = CoordinatorStats()
         self.next_trigger_at: float | None = None
@@ -128,8 +141,9 @@ class CheckpointCoordinator:
             if now - p.started > self.timeout:
                 p.discard()
                 del self.pending[cid]
-                self.closed_ids.add(cid)
                 self.stats.aborted.append(cid)
+                self.stats.trim(self.stats.aborted)
+                self.expired.append((cid, tuple(sorted(p.missing))))
                 if cid == self.stw_checkpoint:
                     out += self._end_stop_the_world(cid)  # never leave the sources paused
         if self.next_wave_at is not None and now >= self.next_wave_at:
@@ -204,7 +218,10 @@ class CheckpointCoordinator:
         """Record an acknowledgement; returns the outcome and the checkpoint it completed."""
         p = self.pending.get(ack.checkpoint_id)
         if p is None:
-            outcome = AckOutcome.DISCARDED if ack.checkpoint_id in self.closed_ids else AckOutcome.UNKNOWN
+            # Every id this coordinator triggered that is no longer pending was completed,
+            # aborted or subsumed.
+            closed = isinstance(ack.checkpoint_id, int) and self.first_id <= ack.checkpoint_id < self.next_id
+            outcome = AckOutcome.DISCARDED if closed else AckOutcome.UNKNOWN
         else:
             outcome = p.acknowledge(
                 ack.task, TaskSnapshot(ack.file, ack.size, ack.sha256, ack.alignment_ms, ack.logged, ack.finished)
@@ -228,12 +245,11 @@ class CheckpointCoordinator:
         )
         self.storage.write_metadata(meta)
         del self.pending[p.checkpoint_id]
-        self.closed_ids.add(p.checkpoint_id)
         for cid in [c for c in self.pending if c < p.checkpoint_id]:  # subsumed
             self.pending.pop(cid).discard()
-            self.closed_ids.add(cid)
         self.storage.prune()
         self.stats.completed.append(meta)
+        self.stats.trim(self.stats.completed)
         if p.final:
             self.final_completed = meta
         self.just_drained = []

@@ -26,6 +26,14 @@ class JobConfig:
     stop_when: called with the running JobResult about every 0.1 s; when it returns True the
         job is cancelled (workers killed) and run() returns with ``cancelled=True``. For jobs
         that never end on their own (unbounded sources, loops that never drain).
+    task_timeout: a single call of operator code (a user function on a batch, a source read,
+        a snapshot, a publish) that runs longer fails its task, naming the operator and showing
+        its Python stack; a worker silent for this long (no heartbeat) fails too. 0 disables.
+    heartbeat_interval: seconds between a worker's heartbeats; a worker whose driver is gone
+        exits within about one interval.
+    tolerable_failed_checkpoints: consecutive checkpoints that may expire (``checkpoint_timeout``)
+        before the job fails over (Flink's setting); None: never fail over for that.
+    startup_timeout: seconds for an attempt's workers to connect, restore and be running.
     """
 
     mode: str = "aligned"
@@ -42,6 +50,9 @@ class JobConfig:
     stop_when: Callable[["JobResult"], bool] | None = None
     host: str = "127.0.0.1"
     startup_timeout: float = 60.0
+    task_timeout: float = 300.0
+    heartbeat_interval: float = 1.0
+    tolerable_failed_checkpoints: int | None = 3
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -52,6 +63,13 @@ class JobConfig:
             raise ValueError("restart_attempts and restart_delay must be >= 0")
         if self.retained_checkpoints < 1:
             raise ValueError("retained_checkpoints must be >= 1")
+        if self.task_timeout < 0 or not self.heartbeat_interval > 0 or not self.startup_timeout > 0:
+            raise ValueError("task_timeout must be >= 0; heartbeat_interval and startup_timeout must be > 0")
+        if self.task_timeout and self.task_timeout < 2 * self.heartbeat_interval:
+            raise ValueError(f"task_timeout ({self.task_timeout}s) must be at least twice heartbeat_interval "
+                             f"({self.heartbeat_interval}s), or 0 to disable it")
+        if self.tolerable_failed_checkpoints is not None and self.tolerable_failed_checkpoints < 0:
+            raise ValueError("tolerable_failed_checkpoints must be >= 0 or None")
 
 
 @dataclass(frozen=True)
@@ -63,6 +81,11 @@ class CheckpointStat:
     final: bool
 
 
+#: JobResult keeps the statistics of this many most recent checkpoints (a long job takes
+#: millions); ``checkpoints_completed`` counts them all.
+KEEP_CHECKPOINT_STATS = 1000
+
+
 @dataclass
 class JobResult:
     job: str
@@ -70,9 +93,21 @@ class JobResult:
     restarts: int = 0
     kills: int = 0
     source_records: int = 0
+    #: Completed checkpoints, the most recent KEEP_CHECKPOINT_STATS of them at least.
     checkpoints: list[CheckpointStat] = field(default_factory=list)
+    checkpoints_completed: int = 0
+    checkpoints_expired: int = 0
+    skipped_records: int = 0  #: dropped by operators with on_error="skip"
+    job_id: str = ""
     failures: list[str] = field(default_factory=list)
     restored_from: list[int] = field(default_factory=list)
     skipped_checkpoints: list[str] = field(default_factory=list)
     checkpoint_dir: str = ""
     cancelled: bool = False
+
+    def add_checkpoint(self, stat: CheckpointStat) -> None:
+        """Record a completed checkpoint; memory stays bounded on a job that runs for ever."""
+        self.checkpoints_completed += 1
+        self.checkpoints.append(stat)
+        if len(self.checkpoints) >= 2 * KEEP_CHECKPOINT_STATS:
+            del self.checkpoints[:-KEEP_CHECKPOINT_STATS]

@@ -6,25 +6,40 @@ moment) every worker of the attempt is killed; the newest checkpoint that passes
 verification is chosen (a corrupt one is reported and skipped); new workers restore from
 it, sources rewind to their offsets, and the job goes on, under a fixed-delay restart
 strategy. When attempts run out the job fails with the user's traceback.
+
+Trust and fencing: the driver holds an exclusive lock on the checkpoint directory for the
+life of the job; each attempt gets a fresh secret (sent to its workers on stdin) that every
+connection must prove before it is read, and a fresh fence token that every sink checks
+before it changes the output. So a stranger cannot talk to the job, and no process of an
+older attempt (or of a dead driver) can change the output or the checkpoints.
+
+Failures are classified: a failure that repeats on the same record (or the same stuck
+operator) after a restart fails the job at once (a poison record: retrying cannot help);
+errors that no retry can fix are fatal at once; others are retried by the restart strategy.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import selectors
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .. import codec, codeship, messages
+from .. import auth, codec, codeship, messages
+from ..checkpoint import fence
 from ..checkpoint.coordinator import CheckpointCoordinator
+from ..checkpoint.lock import DirectoryLock
 from ..checkpoint.storage import CheckpointStorage, Metadata
-from ..errors import CheckpointError, CheckpointErrorReason, JobFailed
+from ..errors import CheckpointError, CheckpointErrorReason, JobFailed, ProtocolError, ProtocolErrorReason
 from ..graph import LogicalGraph
 from ..plan import Plan
 from .config import CheckpointStat, JobConfig, JobResult
@@ -37,13 +52,34 @@ class JobCancelled(Exception):
     """``stop_when`` asked to stop: the workers are killed; run() returns the result."""
 
 
+def _error_line(traceback: str | None) -> str:
+    """The exception line of a traceback ("ValueError: bad input"), shortened."""
+    lines = [ln for ln in (traceback or "").strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    last = lines[-1].strip()
+    return last if len(last) <= 300 else last[:300] + "..."
+
+
 class WorkerFailure(Exception):
-    def __init__(self, task: str, operator: str | None, detail: str, traceback: str | None = None, fatal: bool = False):
-        super().__init__(f"task {task}" + (f", operator {operator!r}" if operator else "") + f": {detail}")
+    """Why an attempt failed: the task, the operator, what happened and (when an operator
+    failed on a record) the record and its digest."""
+
+    def __init__(self, task: str, operator: str | None, detail: str, traceback: str | None = None,
+                 fatal: bool = False, record: str = "", digest: str = ""):
+        text = f"task {task}" + (f", operator {operator!r}" if operator else "") + f": {detail}"
+        error = _error_line(traceback)
+        if error and detail == "raised an exception":
+            text += f": {error}"
+        if record:
+            text += f"; record: {record}"
+        super().__init__(text)
         self.task = task
         self.operator = operator
         self.traceback = traceback
         self.fatal = fatal
+        self.record = record
+        self.digest = digest
 
 
 @dataclass
@@ -51,9 +87,18 @@ class Worker:
     task: str
     proc: subprocess.Popen[bytes]
     sock: socket.socket | None = None
-    reader: codec.FrameReader = field(default_factory=codec.FrameReader)
+    reader: codec.FrameReader = field(default_factory=lambda: codec.FrameReader(codec.MAX_CONTROL_FRAME))
     running: bool = False
     committed: bool = False
+    last_heard: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Handshaking:
+    """A connection to the driver's port that has not proven the attempt's secret yet."""
+
+    hs: auth.ServerHandshake
+    reader: codec.FrameReader = field(default_factory=lambda: codec.FrameReader(codec.MAX_CONTROL_FRAME))
 
 
 def worker_env() -> dict[str, str]:
@@ -75,6 +120,11 @@ class LocalExecutor:
         self.result = JobResult(job=plan.job)
         self.source_tasks = [t.id for t in plan.tasks if plan.chain(t.chain).is_source]
         self.source_progress: dict[str, int] = {}
+        self.job_id = ""  #: a fresh run's own id, or adopted from the checkpoints it resumes
+        self.run_nonce = secrets.token_hex(8)  #: this driver process's run, in fence tokens
+        #: (operator, record digest) of failures seen: the same again after a restart is a poison record.
+        self.failed_records: set[tuple[str | None, str]] = set()
+        self.consecutive_expired = 0
 
     # ---- the job --------------------------------------------------------------------------
 
@@ -103,19 +153,23 @@ class LocalExecutor:
         ckdir = tempfile.mkdtemp(prefix="abs-engine-ckpt-") if temp else os.path.abspath(cfg.checkpoint_dir)
         os.makedirs(ckdir, exist_ok=True)
         self.result.checkpoint_dir = ckdir
-        storage = CheckpointStorage(ckdir, cfg.retained_checkpoints)
-        if storage.completed_ids() and not cfg.resume:
-            raise CheckpointError(
-                CheckpointErrorReason.DIRECTORY_NOT_EMPTY,
-                f"checkpoint directory {ckdir} already holds checkpoints {storage.completed_ids()} "
-                "of an earlier run: pass resume=True (--resume) to continue from them, or use an empty directory",
-            )
-        self.started = time.monotonic()
+        # Held for the life of the job: a second job, or a second --resume, is refused.
+        lock = DirectoryLock(ckdir, self.plan.job)
+        lock.acquire()
         try:
+            storage = CheckpointStorage(ckdir, cfg.retained_checkpoints)
+            if storage.completed_ids() and not cfg.resume:
+                raise CheckpointError(
+                    CheckpointErrorReason.DIRECTORY_NOT_EMPTY,
+                    f"checkpoint directory {ckdir} already holds checkpoints {storage.completed_ids()} "
+                    "of an earlier run: pass resume=True (--resume) to continue from them, or use an empty directory",
+                )
+            self.started = time.monotonic()
             self._attempts(storage)
             self.result.duration_s = time.monotonic() - self.started
             return self.result
         finally:
+            lock.release()
             if temp:
                 shutil.rmtree(ckdir, ignore_errors=True)
 
@@ -126,7 +180,10 @@ class LocalExecutor:
         attempt = 0
         try:
             while True:
-                meta, skipped = storage.latest_valid(self.fingerprint)
+                meta, skipped = storage.latest_valid(self.fingerprint, job_id=self.job_id or None)
+                if not self.job_id:
+                    self.job_id = (meta.job_id if meta is not None and meta.job_id else uuid.uuid4().hex[:16])
+                    self.result.job_id = self.job_id
                 for err in skipped:
                     msg = f"skipping checkpoint {err.checkpoint_id}: {err}"
                     self.result.skipped_checkpoints.append(msg)
@@ -144,8 +201,20 @@ class LocalExecutor:
                     return
                 except WorkerFailure as f:
                     self.result.failures.append(str(f))
-                    if f.fatal or attempt >= cfg.restart_attempts:
-                        why = "cannot be retried" if f.fatal else f"failed {attempt + 1} time(s), restart attempts exhausted"
+                    repeat = bool(f.digest) and (f.operator, f.digest) in self.failed_records
+                    if f.digest:
+                        self.failed_records.add((f.operator, f.digest))
+                    if f.fatal or repeat or attempt >= cfg.restart_attempts:
+                        if repeat and f.digest.startswith("stuck:"):
+                            why = ("got stuck again in the same operator after a restart, so retrying cannot help "
+                                   "(raise task_timeout if the call is only slow)")
+                        elif repeat:
+                            why = ("failed again on the same record after a restart (a poison record: retrying "
+                                   "cannot help; fix the function, or pass on_error='skip' to that operator)")
+                        elif f.fatal:
+                            why = "cannot be retried"
+                        else:
+                            why = f"failed {attempt + 1} time(s), restart attempts exhausted"
                         raise JobFailed(f"job {self.plan.job!r} {why}: {f}", f.operator, f.traceback) from None
                     attempt += 1
                     self.result.restarts += 1
@@ -167,15 +236,26 @@ class LocalExecutor:
         host, port = listener.getsockname()[:2]
         env = worker_env()
         workers: dict[str, Worker] = {}
+        secret = auth.new_secret()  # this attempt's: workers of older attempts do not know it
+        token = f"{self.job_id}/{self.run_nonce}/{gen}"
+        killed = fence.advance(storage.root, token)
+        if killed:
+            self._log(f"killed stale worker(s) {killed} that held the output fence (from a dead attempt)")
         try:
             for t in self.plan.tasks:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "abs_engine.runtime.worker", host, str(port), t.id, str(gen)],
                     env=env,
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE,
                 )
                 workers[t.id] = Worker(t.id, proc)
-            peers = self._accept_hellos(listener, workers, gen)
+                assert proc.stdin is not None
+                try:
+                    proc.stdin.write(secret.hex().encode() + b"\n")
+                    proc.stdin.close()
+                except OSError:
+                    pass  # it died at once: _check_alive reports it
+            peers = self._accept_hellos(listener, workers, gen, secret)
             for t in self.plan.tasks:
                 restore = None
                 if meta is not None:
@@ -184,61 +264,97 @@ class LocalExecutor:
                                "path": os.path.join(storage.dir_of(meta.checkpoint_id), e.file)}
                 self._send(workers[t.id], messages.Deploy(
                     self.plan.to_dict(), self.code, peers, restore,
-                    bool(meta is not None and meta.final), storage.root))
+                    bool(meta is not None and meta.final), storage.root, token,
+                    cfg.heartbeat_interval, cfg.task_timeout))
             self._drive(workers, storage, meta, next_id)
         finally:
             for w in workers.values():
                 if w.proc.poll() is None:
                     w.proc.kill()
+            _reap(workers, timeout=10.0)
             for w in workers.values():
-                try:
-                    w.proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    pass
                 if w.sock is not None:
                     w.sock.close()
 
-    def _accept_hellos(self, listener: socket.socket, workers: dict[str, Worker], gen: int) -> dict[str, tuple[str, int]]:
+    def _accept_hellos(self, listener: socket.socket, workers: dict[str, Worker], gen: int,
+                       secret: bytes) -> dict[str, tuple[str, int]]:
+        """Every worker's Hello, over connections that proved this attempt's secret first.
+        Strangers, stragglers of older attempts (another secret) and stalled handshakes are
+        dropped without failing anything."""
         deadline = time.monotonic() + self.config.startup_timeout
         peers: dict[str, tuple[str, int]] = {}
-        pending: dict[socket.socket, codec.FrameReader] = {}
+        pending: dict[socket.socket, _Handshaking] = {}
         sel = selectors.DefaultSelector()
         sel.register(listener, selectors.EVENT_READ, None)
+
+        def drop(sock: socket.socket) -> None:
+            sel.unregister(sock)
+            pending.pop(sock, None)
+            sock.close()
+
         try:
             while len(peers) < len(workers):
                 self._check_alive(workers)
                 self._chaos(workers)
-                if time.monotonic() > deadline:
-                    raise WorkerFailure("*", None, f"workers did not start within {self.config.startup_timeout}s")
+                now = time.monotonic()
+                if now > deadline:
+                    missing = sorted(set(workers) - set(peers))
+                    raise WorkerFailure("*", None, f"workers {missing} did not connect within "
+                                                   f"{self.config.startup_timeout}s")
+                for sock in [s for s, h in pending.items() if h.hs.expired(now)]:
+                    drop(sock)
                 for key, _ in sel.select(timeout=0.05):
                     if key.data is None:
                         sock, _ = listener.accept()
                         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                        pending[sock] = codec.FrameReader()
+                        conn = _Handshaking(auth.ServerHandshake(secret))
+                        try:
+                            sock.sendall(conn.hs.challenge)
+                        except OSError:
+                            sock.close()
+                            continue
+                        pending[sock] = conn
                         sel.register(sock, selectors.EVENT_READ, sock)
                         continue
                     sock = key.data
-                    data = sock.recv(1 << 16)
-                    if not data:
-                        sel.unregister(sock)
-                        pending.pop(sock, None)
-                        sock.close()
+                    conn = pending[sock]
+                    try:
+                        if not conn.hs.done:
+                            data = sock.recv(conn.hs.wanted())
+                            if not data:
+                                drop(sock)
+                                continue
+                            proof = conn.hs.feed(data)
+                            if proof is None:
+                                continue
+                            sock.sendall(proof)
+                            data = conn.hs.rest
+                        else:
+                            data = sock.recv(1 << 16)
+                            if not data:
+                                drop(sock)
+                                continue
+                        conn.reader.feed(data)
+                        frame = conn.reader.next_frame()
+                        if frame is None:
+                            continue
+                        msg = messages.decode(frame[1])
+                    except (OSError, ProtocolError) as e:
+                        if conn.hs.done:
+                            self._log(f"dropped a connection that broke the protocol after authenticating: {e}")
+                        drop(sock)
                         continue
-                    reader = pending[sock]
-                    reader.feed(data)
-                    frame = reader.next_frame()
-                    if frame is None:
-                        continue
-                    msg = messages.decode(frame[1])
                     sel.unregister(sock)
                     del pending[sock]
-                    if isinstance(msg, messages.Failed):
+                    if isinstance(msg, messages.Failed) and msg.task in workers:
                         raise WorkerFailure(msg.task, msg.operator, "failed at start-up", msg.traceback, msg.fatal)
-                    if not isinstance(msg, messages.Hello) or msg.generation != gen or msg.task not in workers:
-                        sock.close()  # a straggler from an earlier attempt
+                    if not isinstance(msg, messages.Hello) or msg.generation != gen or msg.task not in workers \
+                            or msg.task in peers:
+                        sock.close()
                         continue
                     w = workers[msg.task]
-                    w.sock, w.reader = sock, reader
+                    w.sock, w.reader = sock, conn.reader
+                    w.last_heard = time.monotonic()
                     peers[msg.task] = (msg.host, msg.port)
         finally:
             sel.close()
@@ -271,10 +387,14 @@ class LocalExecutor:
                     w.reader.feed(data)
             except OSError:
                 pass
-            while (frame := w.reader.next_frame()) is not None:
-                m = messages.decode(frame[1])
-                if isinstance(m, messages.Failed) and not m.operator.startswith("<"):
-                    return WorkerFailure(m.task, m.operator, "raised an exception", m.traceback, m.fatal)
+            try:
+                while (frame := w.reader.next_frame()) is not None:
+                    m = messages.decode(frame[1])
+                    if isinstance(m, messages.Failed) and m.task == w.task and not m.operator.startswith("<"):
+                        return WorkerFailure(m.task, m.operator, "raised an exception", m.traceback, m.fatal,
+                                             m.record, m.digest)
+            except ProtocolError:
+                pass  # its last words are garbled: fall back to the exit status
         how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
         return WorkerFailure(w.task, None, f"worker process {w.proc.pid} {how}")
 
@@ -309,12 +429,15 @@ class LocalExecutor:
             loops=self.plan.loops(),
             stop_the_world=cfg.mode == "stop-the-world",
             channels=frozenset(c.id for t in self.plan.tasks for c in t.inputs),
+            job_id=self.job_id,
         )
         sel = selectors.DefaultSelector()
         for w in workers.values():
             assert w.sock is not None
             sel.register(w.sock, selectors.EVENT_READ, w)
+            w.last_heard = time.monotonic()
         next_progress = time.monotonic() + 1.0
+        running_deadline = time.monotonic() + cfg.startup_timeout  # restore included
         started = False
         try:
             while not all(w.committed for w in workers.values()):
@@ -338,17 +461,32 @@ class LocalExecutor:
                             pass
                         self._check_alive({w.task: w})
                         raise WorkerFailure(w.task, None, "worker closed its control connection")
-                    w.reader.feed(data)
-                    while (frame := w.reader.next_frame()) is not None:
-                        msg = messages.decode(frame[1])
-                        self._on_message(w, msg, coord, workers)
-                if not started and all(w.running for w in workers.values()):
-                    started = True
-                    coord.start()
+                    w.last_heard = time.monotonic()
+                    try:
+                        w.reader.feed(data)
+                        while (frame := w.reader.next_frame()) is not None:
+                            msg = messages.decode(frame[1])
+                            if getattr(msg, "task", w.task) != w.task:
+                                raise ProtocolError(ProtocolErrorReason.MALFORMED,
+                                                    f"a message claims to come from task {msg.task!r}")  # type: ignore[attr-defined]
+                            self._on_message(w, msg, coord, workers)
+                    except ProtocolError as e:
+                        raise WorkerFailure(w.task, None, f"broke the control protocol ({e})") from None
+                now = time.monotonic()
+                if not started:
+                    if all(w.running for w in workers.values()):
+                        started = True
+                        coord.start()
+                    elif now > running_deadline:
+                        late = sorted(t for t, w in workers.items() if not w.running)
+                        raise WorkerFailure(late[0], None, f"tasks {late} did not restore and start within "
+                                                           f"startup_timeout={cfg.startup_timeout}s")
                 if started and not final_restore:
                     for task, m in coord.poll():
                         self._send(workers[task], m)
+                    self._on_expired(coord)
                 self._check_alive(workers)
+                self._check_heartbeats(workers, now)
                 if cfg.stop_when is not None and cfg.stop_when(self.result):
                     raise JobCancelled()
                 if cfg.progress and time.monotonic() >= next_progress:
@@ -358,11 +496,42 @@ class LocalExecutor:
             sel.close()
         if cfg.progress:
             self._print_progress(coord)
+        _reap(workers, timeout=30.0)  # they exit on their own after Committed
+
+    def _on_expired(self, coord: CheckpointCoordinator) -> None:
+        """Report expired checkpoints with the tasks they waited for; fail over after too
+        many in a row (tolerable_failed_checkpoints)."""
+        tolerable = self.config.tolerable_failed_checkpoints
+        for cid, missing in coord.expired:
+            self.result.checkpoints_expired += 1
+            self.consecutive_expired += 1
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            self._log(f"checkpoint {cid} expired after checkpoint_timeout={self.config.checkpoint_timeout:g}s; "
+                      f"not acknowledged by: {shown}")
+            if tolerable is not None and self.consecutive_expired > tolerable:
+                coord.expired.clear()
+                raise WorkerFailure(missing[0] if missing else "*", None,
+                                    f"{self.consecutive_expired} checkpoints in a row expired (more than "
+                                    f"tolerable_failed_checkpoints={tolerable}); the last, {cid}, was not "
+                                    f"acknowledged by {shown}")
+        coord.expired.clear()
+
+    def _check_heartbeats(self, workers: dict[str, Worker], now: float) -> None:
+        """A worker silent for task_timeout (no heartbeat: stopped, or stuck holding the
+        GIL) fails its task; its Python stacks go to stderr (faulthandler, SIGUSR1)."""
+        limit = self.config.task_timeout
+        if not limit:
+            return
         for w in workers.values():
+            if w.committed or now - w.last_heard <= limit:
+                continue
             try:
-                w.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                w.proc.kill()
+                os.kill(w.proc.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+            raise WorkerFailure(w.task, None, f"worker {w.proc.pid} sent nothing for {now - w.last_heard:.1f}s "
+                                              f"(task_timeout={limit:g}s): it is stopped, or stuck without "
+                                              "releasing the GIL; its Python stacks were dumped to stderr")
 
     def _on_message(self, w: Worker, msg: messages.Message, coord: CheckpointCoordinator,
                     workers: dict[str, Worker]) -> None:
@@ -373,7 +542,8 @@ class LocalExecutor:
         elif isinstance(msg, messages.Ack):
             outcome, meta = coord.on_ack(msg)
             if meta is not None:
-                self.result.checkpoints.append(CheckpointStat(
+                self.consecutive_expired = 0
+                self.result.add_checkpoint(CheckpointStat(
                     meta.checkpoint_id, meta.duration_ms, sum(e.size for e in meta.tasks.values()),
                     max(meta.alignment_ms.values(), default=0.0), meta.final))
                 for task, m in coord.notifications(meta):
@@ -397,12 +567,22 @@ class LocalExecutor:
                 self._send(workers[task], m)
         elif isinstance(msg, messages.Committed):
             w.committed = True
+        elif isinstance(msg, messages.Heartbeat):
+            pass  # last_heard is updated for every frame
+        elif isinstance(msg, messages.Skipped):
+            self.result.skipped_records += 1
+            if self.result.skipped_records <= 100:
+                self._log(f"operator {msg.operator!r} skipped a record (on_error='skip'): {msg.error}; "
+                          f"record: {msg.record}")
+            elif self.result.skipped_records == 101:
+                self._log("more records skipped; not shown (result.skipped_records counts them)")
         elif isinstance(msg, messages.Failed):
             if msg.operator.startswith("<upstream") or msg.operator == "<downstream>":
                 suspect = msg.operator[len("<upstream:"):-1] if msg.operator.startswith("<upstream:") else None
                 suspect = None if suspect in (None, "None") else suspect
                 self._root_cause(workers, exclude=msg.task, suspect=suspect)
-            raise WorkerFailure(msg.task, msg.operator, "raised an exception", msg.traceback, msg.fatal)
+            detail = "raised an exception" if not msg.digest.startswith("stuck:") else "was stuck"
+            raise WorkerFailure(msg.task, msg.operator, detail, msg.traceback, msg.fatal, msg.record, msg.digest)
 
     def _root_cause(self, workers: dict[str, Worker], exclude: str, suspect: str | None) -> None:
         """A task lost a peer: raise the failure of the worker that really died, if any.
@@ -427,9 +607,24 @@ class LocalExecutor:
         self.result.source_records = max(self.result.source_records, recs)
         print(
             f"[{self.plan.job}] {elapsed:6.1f}s  source records {recs:,}  "
-            f"checkpoints {len(self.result.checkpoints)}{last}  restarts {self.result.restarts}",
+            f"checkpoints {self.result.checkpoints_completed}{last}  restarts {self.result.restarts}",
             file=sys.stderr, flush=True,
         )
+
+
+def _reap(workers: dict[str, Worker], timeout: float) -> None:
+    """Wait for every worker to exit, all against one deadline (not one timeout each);
+    SIGKILL those still alive at the deadline."""
+    deadline = time.monotonic() + timeout
+    for w in workers.values():
+        try:
+            w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            try:
+                w.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def run_job(flow: "Dataflow", config: JobConfig) -> JobResult:

@@ -4,14 +4,20 @@ Bounded by the kernel's socket buffers: a consumer that stops reading (a slow ta
 blocking an input during barrier alignment) makes its producers' ``sendall`` block, which
 back-pressures all the way to the sources. Frames are length-prefixed (codec.HEADER).
 TCP (not a pipe) so the same worker code can run on several machines under Spark.
+Every data connection is authenticated (auth.py, this attempt's secret) before its HELLO
+frame is read; a connection that fails or stalls the handshake is dropped without
+failing anything, so a stranger on the port can neither inject records nor stall start-up.
 """
 
 from __future__ import annotations
 
+import selectors
 import socket
-from typing import Any, Callable
+import time
+from typing import Callable
 
-from .. import codec
+from .. import auth, codec
+from ..errors import ProtocolError, ProtocolErrorReason
 
 RECV_SIZE = 1 << 20
 
@@ -23,10 +29,12 @@ def tune(sock: socket.socket) -> None:
 class OutputChannel:
     __slots__ = ("id", "sock", "while_blocked", "records")
 
-    def __init__(self, channel_id: str, address: tuple[str, int]):
+    def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes):
         self.id = channel_id
-        self.sock = socket.create_connection(address)
+        self.sock = socket.create_connection(address, timeout=auth.HANDSHAKE_TIMEOUT)
         tune(self.sock)
+        auth.client_handshake(self.sock, secret)
+        self.sock.settimeout(None)
         self.sock.sendall(codec.frame(codec.FrameKind.HELLO, codec.pack(channel_id)))
         #: Set on tasks with back-edge inputs: called with this socket while a send would
         #: block; it waits until the socket is writable while draining the back-edges, so a
@@ -89,26 +97,99 @@ class InputChannel:
         return self.reader.next_frame()
 
 
-def accept_inputs(listener: socket.socket, expected: dict[str, bool], timeout: float) -> dict[str, InputChannel]:
-    """Accept one connection per expected channel id; each opens with a HELLO frame."""
+HELLO_MAX = 4096  #: a HELLO frame carries one channel id
+
+
+class _Pending:
+    """An accepted connection on its way to becoming an input: handshake, then HELLO."""
+
+    __slots__ = ("sock", "hs", "reader")
+
+    def __init__(self, sock: socket.socket, secret: bytes):
+        self.sock = sock
+        self.hs = auth.ServerHandshake(secret)
+        self.reader = codec.FrameReader(max_frame=HELLO_MAX)
+
+
+def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: bytes,
+                  timeout: float) -> dict[str, InputChannel]:
+    """Accept one authenticated connection per expected channel id; each opens with a
+    HELLO frame naming its channel. Connections that fail authentication, stall their
+    handshake or send anything unexpected are closed and forgotten; only missing channels
+    at ``timeout`` are an error."""
     channels: dict[str, InputChannel] = {}
-    listener.settimeout(timeout)
-    while len(channels) < len(expected):
-        sock, _ = listener.accept()
-        sock.settimeout(timeout)
-        tune(sock)
-        reader = codec.FrameReader()
-        frame: Any = None
-        while frame is None:
-            data = sock.recv(RECV_SIZE)
-            if not data:
-                raise ChannelClosed("a producer disconnected during the handshake")
-            reader.feed(data)
-            frame = reader.next_frame()
-        kind, payload = frame
-        cid = codec.unpack(payload)
-        if kind != codec.FrameKind.HELLO or cid not in expected or cid in channels:
-            raise ChannelClosed(f"unexpected handshake on a data connection: {cid!r}")
-        sock.settimeout(None)
-        channels[cid] = InputChannel(cid, sock, reader, expected[cid])
+    deadline = time.monotonic() + timeout
+    pending: dict[socket.socket, _Pending] = {}
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, None)
+
+    def drop(p: _Pending) -> None:
+        sel.unregister(p.sock)
+        del pending[p.sock]
+        p.sock.close()
+
+    try:
+        while len(channels) < len(expected):
+            now = time.monotonic()
+            if now > deadline:
+                missing = sorted(set(expected) - set(channels))
+                raise ProtocolError(ProtocolErrorReason.HANDSHAKE_TIMEOUT,
+                                    f"input channels {missing} did not connect within {timeout:.0f}s")
+            for p in [p for p in pending.values() if p.hs.expired(now)]:
+                drop(p)
+            for key, _ in sel.select(timeout=min(0.5, max(0.0, deadline - now))):
+                if key.data is None:
+                    sock, _ = listener.accept()
+                    sock.setblocking(False)
+                    try:
+                        p = _Pending(sock, secret)
+                        sock.send(p.hs.challenge)  # 36 bytes into an empty socket buffer
+                    except OSError:
+                        sock.close()
+                        continue
+                    pending[sock] = p
+                    sel.register(sock, selectors.EVENT_READ, p)
+                    continue
+                p = key.data
+                try:
+                    if not p.hs.done:
+                        data = p.sock.recv(p.hs.wanted())
+                        if not data:
+                            drop(p)
+                            continue
+                        proof = p.hs.feed(data)
+                        if proof is None:
+                            continue
+                        p.sock.send(proof)
+                        p.reader.feed(p.hs.rest)
+                        if (frame := p.reader.next_frame()) is None:
+                            continue
+                    else:
+                        data = p.sock.recv(HELLO_MAX)
+                        if not data:
+                            drop(p)
+                            continue
+                        p.reader.feed(data)
+                        frame = p.reader.next_frame()
+                        if frame is None:
+                            continue
+                    kind, payload = frame
+                    cid = codec.unpack(payload) if kind == codec.FrameKind.HELLO else None
+                except (OSError, ProtocolError, ValueError):
+                    drop(p)  # a stranger, or a peer that broke the protocol: not ours to fail on
+                    continue
+                if not isinstance(cid, str) or cid not in expected or cid in channels:
+                    raise ProtocolError(ProtocolErrorReason.MALFORMED,
+                                        f"an authenticated peer opened an unexpected data channel {cid!r}")
+                sel.unregister(p.sock)
+                del pending[p.sock]
+                p.sock.setblocking(True)
+                tune(p.sock)
+                reader = codec.FrameReader()
+                reader.feed(p.reader.take_rest())
+                channels[cid] = InputChannel(cid, p.sock, reader, expected[cid])
+    finally:
+        sel.close()
+        for p in pending.values():
+            p.sock.close()
     return channels

@@ -1,7 +1,9 @@
 """The worker's end of the control connection to the driver (coordinator).
 
-Sends may come from the task thread and the snapshot-writer thread, so they are locked.
-Receives happen only on the task thread.
+Sends may come from the task thread, the snapshot-writer thread and the watchdog thread,
+so they are locked. Receives happen only on the task thread. The connection is mutually
+authenticated (auth.py) before the first frame: a worker takes plan and code only from a
+driver that knows this attempt's secret.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import socket
 import threading
 from collections import deque
 
-from .. import codec, messages
+from .. import auth, codec, messages
 from .channel import RECV_SIZE
 
 
@@ -19,9 +21,11 @@ class DriverGone(Exception):
 
 
 class ControlLink:
-    def __init__(self, address: tuple[str, int]):
-        self.sock = socket.create_connection(address)
+    def __init__(self, address: tuple[str, int], secret: bytes):
+        self.sock = socket.create_connection(address, timeout=auth.HANDSHAKE_TIMEOUT)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        auth.client_handshake(self.sock, secret)
+        self.sock.settimeout(None)
         self.reader = codec.FrameReader()
         self._lock = threading.Lock()
         self.inbox: deque[messages.Message] = deque()

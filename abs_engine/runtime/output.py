@@ -10,37 +10,81 @@ from ..plan import OutputSpec
 from .channel import OutputChannel
 
 
-class OperatorFailure(Exception):
-    """User code of ``operator`` raised (the cause holds the user's exception)."""
+_NO_RECORD = object()
 
-    def __init__(self, operator: str, fatal: bool = False):
+
+class OperatorFailure(Exception):
+    """User code of ``operator`` raised (the cause holds the user's exception). ``record``
+    is the record it failed on, when known."""
+
+    def __init__(self, operator: str, fatal: bool = False, record: Any = _NO_RECORD):
         super().__init__(operator)
         self.operator = operator
         self.fatal = fatal
+        self.record = record
+
+    @property
+    def has_record(self) -> bool:
+        return self.record is not _NO_RECORD
 
 
 class Output:
     """One out-edge: partitions a batch over its channels and sends one frame per channel."""
 
-    def __init__(self, spec: OutputSpec, channels: list[OutputChannel], key_fn: Callable[[Any], Any] | None, producer: str):
+    def __init__(self, spec: OutputSpec, channels: list[OutputChannel], key_fn: Callable[[Any], Any] | None,
+                 producer: str):
         self.channels = channels
         self.partition = spec.partition
         self.key_fn = key_fn
         self.producer = producer
+        self.consumer = spec.key_operator
         self.rr = 0
 
-    def _frame(self, batch: list[Any]) -> bytes:
+    def _send(self, ch: OutputChannel, batch: list[Any]) -> None:
+        """One frame, or several if the batch encodes above the frame bound (a reader
+        refuses bigger frames); counted as sent before the send, as before."""
         try:
-            return codec.records_frame(batch)
+            frame = codec.records_frame(batch)
         except (TypeError, ValueError, OverflowError) as e:
             raise OperatorFailure(self.producer, fatal=True) from SerializationError("a record", self.producer, str(e))
+        if len(frame) - codec.HEADER_SIZE > codec.MAX_FRAME and len(batch) > 1:
+            half = len(batch) // 2
+            self._send(ch, batch[:half])
+            self._send(ch, batch[half:])
+            return
+        ch.records += len(batch)
+        ch.send(frame)
+
+    def _key_failure(self, batch: list[Any], e: Exception) -> OperatorFailure:
+        """Which record made the key function (or hashing its key) fail: blame key_by."""
+        fn = self.key_fn
+        label = f"key_by({getattr(fn, '__name__', type(fn).__name__) if fn else 'record'}) of {self.consumer!r}"
+        for r in batch:
+            try:
+                hash(fn(r) if fn is not None else r)
+            except TypeError as te:
+                if "unhashable" in str(te):  # deterministic: retrying cannot help
+                    err = TypeError(f"the key {type(fn(r) if fn else r).__name__} is unhashable ({te}); "
+                                    "key_by needs a hashable key: return a tuple or a str instead of a list or dict")
+                    failure = OperatorFailure(label, fatal=True, record=r)
+                    failure.__cause__ = err
+                    return failure
+                failure = OperatorFailure(label, record=r)
+                failure.__cause__ = te
+                return failure
+            except Exception as ke:
+                failure = OperatorFailure(label, record=r)
+                failure.__cause__ = ke
+                return failure
+        failure = OperatorFailure(label)
+        failure.__cause__ = e
+        return failure
 
     def emit(self, batch: list[Any]) -> None:
         chans = self.channels
         n = len(chans)
         if n == 1:
-            chans[0].records += len(batch)
-            chans[0].send(self._frame(batch))
+            self._send(chans[0], batch)
         elif self.partition == "hash":
             parts: list[list[Any]] = [[] for _ in range(n)]
             appends = [p.append for p in parts]
@@ -53,15 +97,13 @@ class Output:
                     for r in batch:
                         appends[hash(key_fn(r)) % n](r)
             except Exception as e:
-                raise OperatorFailure(self.producer) from e
+                raise self._key_failure(batch, e)  # noqa: B904 - its cause is the key function's error
             for ch, part in zip(chans, parts):
                 if part:
-                    ch.records += len(part)
-                    ch.send(self._frame(part))
+                    self._send(ch, part)
         else:  # rebalance: round robin, a batch at a time
             ch = chans[self.rr % n]
-            ch.records += len(batch)
-            ch.send(self._frame(batch))
+            self._send(ch, batch)
             self.rr += 1
 
     def broadcast(self, data: bytes) -> None:

@@ -22,16 +22,17 @@ import time
 from collections import deque
 from typing import Any
 
-from operators.base import Operator, Source
+from operators.base import Operator, RecordError, Source
 
 from .. import codec, messages
-from ..errors import SerializationError
+from ..errors import FencedOut, SerializationError
 from ..plan import TaskSpec
 from .alignment import BarrierAligner, Outcome
 from .backedge import BackEdgeLog, BackEdgeOutcome, Session
 from .channel import InputChannel
 from .control import ControlLink
 from .output import OperatorFailure, Output
+from .watchdog import Activity
 from .writer import SnapshotWriter
 
 PROGRESS_EVERY = 0.5  # seconds between progress reports of a source
@@ -43,6 +44,18 @@ def _unregister(sel: selectors.BaseSelector, ch: InputChannel) -> None:
         sel.unregister(ch.sock)
     except KeyError:
         pass  # already unregistered (blocked, or ended)
+
+
+REPR_MAX = 200
+
+
+def record_repr(record: Any) -> str:
+    """A record for an error message: its repr, truncated."""
+    try:
+        text = repr(record)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real failure
+        text = f"<{type(record).__name__} with a failing __repr__>"
+    return text if len(text) <= REPR_MAX else text[:REPR_MAX] + f"... ({len(text)} chars)"
 
 
 class LoopNotQuiet(Exception):
@@ -64,6 +77,8 @@ class Task:
         checkpoint_dir: str,
         replay: list[Any] | None = None,
         restored_finished: bool = False,
+        activity: Activity | None = None,
+        file_tag: str = "",
     ):
         self.spec = spec
         self.op_names = op_names
@@ -93,6 +108,12 @@ class Task:
         self.last_snapshot = 0  #: a trigger for an id <= this is a duplicate (e.g. barrier then direct)
         self.runnable: deque[InputChannel] = deque()
         self.gathered: list[Any] = []
+        #: Which operator's code runs, since when: read by the watchdog thread.
+        self.activity = activity or Activity()
+        #: State files are named <task>.<tag>.state: a stale attempt's writer can never
+        #: create or clobber a file this attempt's metadata references.
+        self.file_tag = file_tag
+        self.skippers = [(n, op) for n, op in zip(op_names, ops) if getattr(op, "on_error", "fail") == "skip"]
         if self.back:
             for out in outputs:
                 for ch in out.channels:
@@ -102,17 +123,34 @@ class Task:
 
     def _process(self, batch: list[Any], start: int = 0) -> list[Any]:
         i = start
+        activity = self.activity
+        activity.since = time.monotonic()
         try:
-            ops = self.ops
+            ops, names = self.ops, self.op_names
             for i in range(start, len(ops)):
+                activity.op = names[i]
                 batch = ops[i].process(batch)
                 if not batch:
-                    return batch
-            return batch
+                    break
         except OperatorFailure:
             raise
+        except RecordError as e:
+            raise OperatorFailure(self.op_names[i], record=e.record) from e.__cause__
         except Exception as e:
             raise OperatorFailure(self.op_names[i]) from e
+        finally:
+            activity.since = 0.0
+        if self.skippers:
+            self._report_skipped()
+        return batch
+
+    def _report_skipped(self) -> None:
+        for name, op in self.skippers:
+            if op.skipped:
+                for record, err in op.skipped:
+                    self.control.send(messages.Skipped(self.spec.id, name, record_repr(record),
+                                                       f"{type(err).__name__}: {err}"[:500]))
+                op.skipped.clear()
 
     def _emit(self, batch: list[Any]) -> None:
         if batch:
@@ -124,12 +162,19 @@ class Task:
         """End of input: flush final results through the chain, then end of stream."""
         batch: list[Any] = []
         for i, op in enumerate(self.ops):
+            self.activity.enter(self.op_names[i])
             try:
                 if batch:
                     batch = op.process(batch)
                 batch = list(batch) + op.finish()
+            except RecordError as e:
+                raise OperatorFailure(self.op_names[i], record=e.record) from e.__cause__
             except Exception as e:
                 raise OperatorFailure(self.op_names[i]) from e
+            finally:
+                self.activity.leave()
+        if self.skippers:
+            self._report_skipped()
         self._emit(batch)
         self._end_outputs()
 
@@ -167,10 +212,13 @@ class Task:
         self.last_snapshot = checkpoint_id
         states: dict[str, bytes] = {}
         for name, op in self._all_operators():
+            self.activity.enter(name)
             try:
                 state = op.snapshot(checkpoint_id)
             except Exception as e:
                 raise OperatorFailure(name) from e
+            finally:
+                self.activity.leave()
             try:
                 states[name] = codec.pack(state)
             except (TypeError, ValueError, OverflowError) as e:
@@ -199,7 +247,8 @@ class Task:
         logs = {ch: codec.pack(recs) for ch, recs in s.logs.items()}
         blob = codec.pack({"task": self.spec.id, "checkpoint_id": s.checkpoint_id, "operators": states,
                            "logs": logs, "finished": finished})
-        path = os.path.join(self.checkpoint_dir, f"chk-{s.checkpoint_id:06d}", f"{self.spec.id}.state")
+        name = f"{self.spec.id}.{self.file_tag}.state" if self.file_tag else f"{self.spec.id}.state"
+        path = os.path.join(self.checkpoint_dir, f"chk-{s.checkpoint_id:06d}", name)
         self.writer.submit(s.checkpoint_id, path, blob, alignment_ms, s.logged, finished)
 
     def _release(self, channels: tuple[str, ...]) -> None:
@@ -208,10 +257,15 @@ class Task:
 
     def _notify_complete(self, checkpoint_id: int) -> None:
         for name, op in self._all_operators():
+            self.activity.enter(name)
             try:
                 op.notify_checkpoint_complete(checkpoint_id)
+            except FencedOut:
+                raise
             except Exception as e:
                 raise OperatorFailure(name) from e
+            finally:
+                self.activity.leave()
 
     def on_control(self, msg: messages.Message) -> None:
         if isinstance(msg, messages.Trigger):
@@ -286,10 +340,13 @@ class Task:
                 self.on_control(msg)
             if self.stop:
                 break
+            self.activity.enter(self.source_name or "source")
             try:
                 batch = source.read_batch()
             except Exception as e:
                 raise OperatorFailure(self.source_name or "source") from e
+            finally:
+                self.activity.leave()
             if batch is None:
                 self._finish()
                 continue

@@ -1,5 +1,9 @@
 """Worker process entry point: ``python -m abs_engine.runtime.worker HOST PORT TASK GENERATION``.
 
+The attempt's secret arrives as one hex line on stdin (never on the command line, which
+every local user can read); the control connection and every data connection are
+authenticated with it before anything else is read.
+
 Life of a worker: open a data listener -> connect to the driver and say Hello -> receive
 Deploy (plan as data, operators as cloudpickled code) -> build the chain -> restore its
 state from the checkpoint named in Deploy (checksum verified) -> connect output channels,
@@ -10,21 +14,25 @@ operator's name) before the process exits with status 1.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import os
+import signal
 import socket
 import sys
 import traceback
 from typing import Any
 
-from .. import codeship, messages
+from .. import codec, codeship, messages
+from ..checkpoint.fence import Fence
 from ..checkpoint.storage import TaskSnapshotData, decode_snapshot
-from ..errors import CheckpointError, CheckpointErrorReason
+from ..errors import CheckpointError, CheckpointErrorReason, FencedOut, ProtocolError
 from ..plan import Plan
 from .channel import ChannelClosed, OutputChannel, accept_inputs
 from .control import ControlLink, DriverGone
 from .output import OperatorFailure, Output
-from .task import LoopNotQuiet, Task
+from .task import LoopNotQuiet, Task, record_repr
+from .watchdog import Activity, Watchdog
 from .writer import SnapshotWriter
 
 CONNECT_TIMEOUT = 60.0
@@ -42,7 +50,7 @@ def _load_state(restore: dict[str, Any]) -> TaskSnapshotData:
     return decode_snapshot(blob, path)
 
 
-def _run(control: ControlLink, listener: socket.socket, task_id: str, generation: int) -> None:
+def _run(control: ControlLink, listener: socket.socket, task_id: str, generation: int, secret: bytes) -> None:
     deploy = control.receive()
     if not isinstance(deploy, messages.Deploy):
         raise RuntimeError(f"expected Deploy, got {deploy!r}")
@@ -51,12 +59,16 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     plan = Plan.from_dict(deploy.plan)
     spec = plan.task(task_id)
     chain = plan.chain(spec.chain)
-    code = codeship.load(deploy.code)  # user code from the driver, never data
+    code = codeship.load(deploy.code)  # user code from the authenticated driver, never data
     templates, key_fns = code["ops"], code["keys"]
     restored = deploy.restore is not None
+    fence = Fence(deploy.checkpoint_dir, deploy.fence) if deploy.fence else None
+    activity = Activity()
+    watchdog = Watchdog(control, task_id, activity, deploy.heartbeat_interval, deploy.task_timeout)
+    watchdog.start()
 
     def ctx(name: str) -> Any:
-        return OperatorContext(name, spec.index, spec.parallelism, generation, restored)
+        return OperatorContext(name, spec.index, spec.parallelism, generation, restored, fence)
 
     names = list(chain.operators)
     source = None
@@ -91,7 +103,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
                     op.notify_checkpoint_complete(deploy.restore["checkpoint_id"])
                 control.send(messages.Committed(task_id))
                 return
-    except CheckpointError:
+    except (CheckpointError, FencedOut):
         raise
     except Exception as e:
         raise OperatorFailure(current) from e
@@ -102,9 +114,9 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
         chans = []
         for cid in o.channels:
             consumer = cid.split("->", 1)[1]
-            chans.append(OutputChannel(cid, deploy.peers[consumer]))
+            chans.append(OutputChannel(cid, deploy.peers[consumer], secret))
         outputs.append(Output(o, chans, key_fns.get(o.key_operator), tail))
-    inputs = accept_inputs(listener, {c.id: c.back_edge for c in spec.inputs}, CONNECT_TIMEOUT)
+    inputs = accept_inputs(listener, {c.id: c.back_edge for c in spec.inputs}, secret, CONNECT_TIMEOUT)
     listener.close()
 
     def writer_failed(e: BaseException) -> None:
@@ -113,22 +125,55 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
 
     writer = SnapshotWriter(control, task_id, writer_failed)
     task = Task(spec, names, ops, source, source_name, outputs, inputs, control, writer, deploy.checkpoint_dir,
-                replay, restored_finished)
+                replay, restored_finished, activity, _file_tag(deploy.fence, generation))
     control.send(messages.Running(task_id))
     task.run()
     writer.flush()
 
 
-def _report(control: ControlLink, task: str, operator: str, tb: str, fatal: bool) -> None:
+def _file_tag(fence: str, generation: int) -> str:
+    """A short tag unique to this attempt of this driver run, for state file names."""
+    return hashlib.sha256(f"{fence}/{generation}".encode()).hexdigest()[:12]
+
+
+def _report(control: ControlLink, task: str, operator: str, tb: str, fatal: bool,
+            record: str = "", digest: str = "") -> None:
     try:
-        control.send(messages.Failed(task, operator, tb, fatal))
+        control.send(messages.Failed(task, operator, tb, fatal, record, digest))
     except OSError:
         pass
 
 
+def _record_digest(record: Any) -> str:
+    try:
+        blob = codec.pack(record)
+    except Exception:  # noqa: BLE001 - not encodable: identify it by its repr
+        blob = repr(record).encode("utf-8", "replace")
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def _read_secret() -> bytes:
+    line = sys.stdin.readline(256).strip()
+    try:
+        secret = bytes.fromhex(line)
+    except ValueError:
+        secret = b""
+    if len(secret) < 16:
+        raise SystemExit("abs-engine worker: no job secret on stdin (workers are started by an executor)")
+    return secret
+
+
 def main(argv: list[str] | None = None) -> int:
     host, port, task_id, generation = (argv or sys.argv[1:])[:4]
-    control = ControlLink((host, int(port)))
+    secret = _read_secret()
+    # A stuck worker's Python stacks, on request of the driver (SIGUSR1), even if the GIL
+    # is held: to stderr, which the driver's console shows.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        control = ControlLink((host, int(port)), secret)
+    except (OSError, ProtocolError) as e:
+        print(f"abs-engine worker {task_id}: cannot reach the driver: {e}", file=sys.stderr)
+        return 1
     if os.environ.get("PYTHONHASHSEED") in (None, "", "random"):
         _report(control, task_id, "<worker>", "PYTHONHASHSEED is not fixed: hash partitioning would differ "
                 "between workers. Start workers through an abs-engine executor (it sets it).", True)
@@ -137,14 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     listener = socket.create_server((host, 0), backlog=256)
     control.send(messages.Hello(task_id, int(generation), host, listener.getsockname()[1], os.getpid()))
     try:
-        _run(control, listener, task_id, int(generation))
+        _run(control, listener, task_id, int(generation), secret)
         return 0
-    except DriverGone:
-        return 1
+    except (DriverGone, FencedOut):
+        return 1  # nobody to report to, or a newer attempt owns the job now
     except OperatorFailure as e:
         cause = e.__cause__ or e
         fatal = e.fatal or bool(getattr(cause, "fatal", False))  # e.g. a source that changed under us
-        _report(control, task_id, e.operator, "".join(traceback.format_exception(cause)), fatal)
+        record, digest = (record_repr(e.record), _record_digest(e.record)) if e.has_record else ("", "")
+        _report(control, task_id, e.operator, "".join(traceback.format_exception(cause)), fatal, record, digest)
         return 1
     except LoopNotQuiet as e:
         _report(control, task_id, "<loop>", str(e), True)

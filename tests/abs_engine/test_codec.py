@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from abs_engine import codec, messages
 from abs_engine.api import Dataflow
-from abs_engine.codec import FrameKind, FrameReader
+from abs_engine.codec import FrameKind, FrameReader, pack
 from operators.base import Sink, Source
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -276,7 +276,10 @@ MESSAGE_STRATEGIES: dict[type[messages.Message], st.SearchStrategy[Any]] = {
     messages.Counts: st.builds(messages.Counts, task=text, wave=i64,
                                sent=st.dictionaries(text, st.integers(0, 2**63 - 1), max_size=3),
                                received=st.dictionaries(text, st.integers(0, 2**63 - 1), max_size=3)),
-    messages.Failed: st.builds(messages.Failed, task=text, operator=text, traceback=text, fatal=st.booleans()),
+    messages.Failed: st.builds(messages.Failed, task=text, operator=text, traceback=text, fatal=st.booleans(),
+                               record=text, digest=text),
+    messages.Heartbeat: st.builds(messages.Heartbeat, task=text),
+    messages.Skipped: st.builds(messages.Skipped, task=text, operator=text, record=text, error=text),
 }
 
 
@@ -320,3 +323,28 @@ def test_deploy_plan_survives_the_wire() -> None:
     assert Plan.from_dict(back.plan) == Plan.from_dict(plan)
     assert back.peers == {"src#0": ("127.0.0.1", 4000)}
     assert type(back.peers["src#0"]) is tuple
+
+
+@pytest.mark.parametrize("payload", [
+    b"", b"\xc1", pack(42), pack([]), pack([7, 1]), pack(["no-such-tag", 1]), pack(["ack", 1]),
+    pack(["failed", "t", "op"]), pack({"tag": "ack"}),
+])
+def test_malformed_control_messages_raise_protocol_error_never_anything_else(payload: bytes) -> None:
+    from abs_engine.errors import ProtocolError, ProtocolErrorReason
+
+    with pytest.raises(ProtocolError) as info:
+        messages.decode(payload)
+    assert info.value.reason is ProtocolErrorReason.MALFORMED
+
+
+def test_frame_reader_refuses_an_oversized_frame_before_buffering_it() -> None:
+    from abs_engine.errors import ProtocolError, ProtocolErrorReason
+
+    r = FrameReader(max_frame=1024)
+    r.feed(codec.HEADER.pack(1536 << 20, FrameKind.RECORDS) + b"x" * 10)  # announces 1.5 GiB
+    with pytest.raises(ProtocolError) as info:
+        r.next_frame()
+    assert info.value.reason is ProtocolErrorReason.FRAME_TOO_LARGE
+    ok = FrameReader(max_frame=1024)
+    ok.feed(codec.frame(FrameKind.RECORDS, b"y" * 1024))
+    assert ok.next_frame() == (FrameKind.RECORDS, b"y" * 1024)
