@@ -97,3 +97,27 @@ class FrameReader:
 
     def buffered(self) -> int:
         return len(self._buf) - self._pos
+
+
+def _freeze(obj: Any) -> Any:
+    """A decoded map key made hashable: lists (msgpack arrays) become tuples, recursively."""
+    if isinstance(obj, list):
+        return tuple(_freeze(v) for v in obj)
+    return obj
+
+
+def _state_map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    try:
+        return dict(pairs)
+    except TypeError:  # a key is an array: freeze it (values stay lists)
+        return {_freeze(k): v for k, v in pairs}
+
+
+def unpack_state(data: bytes | memoryview) -> Any:
+    """Operator state as the operator snapshotted it, as far as msgpack can tell: arrays
+    decode as *lists* (state is mutable), except map keys, which decode as tuples (they
+    must be hashable). Records use ``unpack`` (arrays as tuples) instead."""
+    try:  # fast path: no map has an array as a key
+        return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
+    except TypeError:  # unhashable key: build maps through the hook, which freezes keys
+        return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False, object_pairs_hook=_state_map)

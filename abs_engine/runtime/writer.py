@@ -1,5 +1,12 @@
 """Writes snapshot files and acknowledges them, on a thread of its own: the task thread
-only encodes its state (a consistent copy) and goes on processing."""
+only encodes its state (a consistent copy) and goes on processing.
+
+Invariants: a snapshot file is written through ``storage.write_state_file`` (the
+``chk-N`` directory must be a real directory, the file is created exclusively: nothing
+planted in the checkpoint directory is followed or overwritten), fsynced together with
+its directory, and only then acknowledged. A path that is not ``ROOT/chk-N/NAME`` for the
+snapshot's checkpoint id is refused before anything is written.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,18 @@ import threading
 from typing import Callable
 
 from .. import messages
+from ..checkpoint.storage import chk_name, write_state_file
 from .control import ControlLink
+
+
+def split_state_path(checkpoint_id: int, path: str) -> tuple[str, str]:
+    """``ROOT/chk-N/NAME`` -> (ROOT, NAME); ValueError if the directory is not the one of
+    ``checkpoint_id``."""
+    chk_dir, name = os.path.split(path)
+    root, chk = os.path.split(chk_dir)
+    if chk != chk_name(checkpoint_id) or not root or not name:
+        raise ValueError(f"snapshot path {path!r} is not ROOT/{chk_name(checkpoint_id)}/NAME")
+    return root, name
 
 
 class SnapshotWriter:
@@ -39,14 +57,11 @@ class SnapshotWriter:
                 if job is None:
                     return
                 cid, path, blob, alignment_ms, logged, finished = job
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "wb") as f:
-                    f.write(blob)
-                    f.flush()
-                    os.fsync(f.fileno())
+                root, name = split_state_path(cid, path)
+                write_state_file(root, cid, name, blob)
                 digest = hashlib.sha256(blob).hexdigest()
                 self.control.send(
-                    messages.Ack(cid, self.task, os.path.basename(path), len(blob), digest, alignment_ms,
+                    messages.Ack(cid, self.task, name, len(blob), digest, alignment_ms,
                                  logged, finished)
                 )
             except BaseException as e:  # noqa: BLE001 - reported to the driver, then the worker dies

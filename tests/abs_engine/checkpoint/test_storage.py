@@ -139,7 +139,8 @@ def test_read_state_decodes_every_operator(storage):
         "count#1": {"count": {"x": 3, 7: (1, 2)}},
     })
     assert storage.read_state(4, "read#0") == {"read": 1234, "split": None}
-    assert storage.read_state(4, "count#1") == {"count": {"x": 3, 7: (1, 2)}}
+    # Arrays in state decode as lists (state is mutable), whatever the operator snapshotted.
+    assert storage.read_state(4, "count#1") == {"count": {"x": 3, 7: [1, 2]}}
 
 
 def test_latest_valid_returns_newest(storage):
@@ -182,18 +183,24 @@ def _corrupt_empty(path: str) -> None:
     truncate(path, 0)
 
 
-@pytest.mark.parametrize("corrupt", [_corrupt_truncate, _corrupt_flip, _corrupt_append, _corrupt_empty])
-def test_damaged_state_file_fails_checksum(storage, corrupt):
+@pytest.mark.parametrize("corrupt, reason", [
+    (_corrupt_truncate, CheckpointErrorReason.CHECKSUM_MISMATCH),
+    (_corrupt_flip, CheckpointErrorReason.CHECKSUM_MISMATCH),
+    (_corrupt_append, CheckpointErrorReason.TOO_LARGE),  # longer than recorded: refused before reading it all
+    (_corrupt_empty, CheckpointErrorReason.CHECKSUM_MISMATCH),
+])
+def test_damaged_state_file_fails_checksum(storage, corrupt, reason):
     make_checkpoint(storage, 1)
     corrupt(state_path(storage, 1, "count#0"))
     with pytest.raises(CheckpointError) as ei:
         storage.verify(1)
-    assert ei.value.reason is CheckpointErrorReason.CHECKSUM_MISMATCH
+    assert ei.value.reason is reason
+    assert "checksum" in str(ei.value)
     assert ei.value.checkpoint_id == 1
     assert "count#0" in str(ei.value)
     with pytest.raises(CheckpointError) as ei:
         storage.read_state(1, "read#0")  # even an intact task: the checkpoint as a whole is unusable
-    assert ei.value.reason is CheckpointErrorReason.CHECKSUM_MISMATCH
+    assert ei.value.reason is reason
 
 
 def test_every_single_bit_flip_in_a_state_file_is_detected(storage):
