@@ -242,6 +242,7 @@ class CheckpointCoordinator:
             tasks={t: FileEntry(s.file, s.size, s.sha256) for t, s in p.acks.items()},
             alignment_ms={t: s.alignment_ms for t, s in p.acks.items()},
             duration_ms=(now - p.started) * 1000,
+            job_id=self.job_id,
         )
         self.storage.write_metadata(meta)
         del self.pending[p.checkpoint_id]

@@ -261,7 +261,7 @@ class LocalExecutor:
                 if meta is not None:
                     e = meta.tasks[t.id]
                     restore = {"checkpoint_id": meta.checkpoint_id, "size": e.size, "sha256": e.sha256,
-                               "path": os.path.join(storage.dir_of(meta.checkpoint_id), e.file)}
+                               "root": storage.root, "file": e.file}
                 self._send(workers[t.id], messages.Deploy(
                     self.plan.to_dict(), self.code, peers, restore,
                     bool(meta is not None and meta.final), storage.root, token,

@@ -29,11 +29,14 @@ def tune(sock: socket.socket) -> None:
 class OutputChannel:
     __slots__ = ("id", "sock", "while_blocked", "records")
 
-    def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes):
+    def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes,
+                 timeout: float = auth.HANDSHAKE_TIMEOUT):
         self.id = channel_id
-        self.sock = socket.create_connection(address, timeout=auth.HANDSHAKE_TIMEOUT)
+        self.sock = socket.create_connection(address, timeout=timeout)
         tune(self.sock)
-        auth.client_handshake(self.sock, secret)
+        # The consumer answers once it runs its accept loop (after restoring its state):
+        # wait for it as long as start-up may take.
+        auth.client_handshake(self.sock, secret, timeout)
         self.sock.settimeout(None)
         self.sock.sendall(codec.frame(codec.FrameKind.HELLO, codec.pack(channel_id)))
         #: Set on tasks with back-edge inputs: called with this socket while a send would

@@ -16,15 +16,18 @@ from .. import auth, codec, messages
 from .channel import RECV_SIZE
 
 
+CONNECT_TIMEOUT = 30.0  #: the driver accepts while it starts every worker of the attempt
+
+
 class DriverGone(Exception):
     """The driver closed the control connection: the worker must stop."""
 
 
 class ControlLink:
     def __init__(self, address: tuple[str, int], secret: bytes):
-        self.sock = socket.create_connection(address, timeout=auth.HANDSHAKE_TIMEOUT)
+        self.sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        auth.client_handshake(self.sock, secret)
+        auth.client_handshake(self.sock, secret, CONNECT_TIMEOUT)
         self.sock.settimeout(None)
         self.reader = codec.FrameReader()
         self._lock = threading.Lock()

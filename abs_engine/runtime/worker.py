@@ -20,13 +20,14 @@ import os
 import signal
 import socket
 import sys
+import threading
 import traceback
 from typing import Any
 
 from .. import codec, codeship, messages
 from ..checkpoint.fence import Fence
-from ..checkpoint.storage import TaskSnapshotData, decode_snapshot
-from ..errors import CheckpointError, CheckpointErrorReason, FencedOut, ProtocolError
+from ..checkpoint.storage import TaskSnapshotData, load_task_snapshot
+from ..errors import CheckpointError, FencedOut, ProtocolError
 from ..plan import Plan
 from .channel import ChannelClosed, OutputChannel, accept_inputs
 from .control import ControlLink, DriverGone
@@ -39,15 +40,10 @@ CONNECT_TIMEOUT = 60.0
 
 
 def _load_state(restore: dict[str, Any]) -> TaskSnapshotData:
-    path = restore["path"]
-    try:
-        with open(path, "rb") as f:
-            blob = f.read()
-    except OSError as e:
-        raise CheckpointError(CheckpointErrorReason.MISSING_FILE, f"cannot read state file {path}: {e}") from e
-    if hashlib.sha256(blob).hexdigest() != restore["sha256"]:
-        raise CheckpointError(CheckpointErrorReason.CHECKSUM_MISMATCH, f"state file {path} fails its checksum")
-    return decode_snapshot(blob, path)
+    """The task's snapshot: a plain file name inside its checkpoint, no symlink followed,
+    read up to the size in the metadata, checksummed, then decoded (storage.py)."""
+    return load_task_snapshot(restore["root"], int(restore["checkpoint_id"]), restore["file"],
+                              int(restore["size"]), restore["sha256"])
 
 
 def _run(control: ControlLink, listener: socket.socket, task_id: str, generation: int, secret: bytes) -> None:
@@ -109,15 +105,30 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
         raise OperatorFailure(current) from e
 
     tail = names[-1] if names else source_name
-    outputs = []
-    for o in spec.outputs:
-        chans = []
-        for cid in o.channels:
-            consumer = cid.split("->", 1)[1]
-            chans.append(OutputChannel(cid, deploy.peers[consumer], secret))
-        outputs.append(Output(o, chans, key_fns.get(o.key_operator), tail))
+    outputs: list[Output] = []
+    connect_error: list[BaseException] = []
+
+    def connect_outputs() -> None:
+        try:
+            for o in spec.outputs:
+                chans = []
+                for cid in o.channels:
+                    consumer = cid.split("->", 1)[1]
+                    chans.append(OutputChannel(cid, deploy.peers[consumer], secret, CONNECT_TIMEOUT))
+                outputs.append(Output(o, chans, key_fns.get(o.key_operator), tail))
+        except BaseException as e:  # noqa: BLE001 - re-raised on the task thread below
+            connect_error.append(e)
+
+    # Outputs connect (and authenticate: the consumer must answer) while this task accepts
+    # its own inputs: on a cycle each task is the other's consumer, so doing one after the
+    # other would deadlock.
+    connector = threading.Thread(target=connect_outputs, name="connect-outputs", daemon=True)
+    connector.start()
     inputs = accept_inputs(listener, {c.id: c.back_edge for c in spec.inputs}, secret, CONNECT_TIMEOUT)
     listener.close()
+    connector.join()
+    if connect_error:
+        raise connect_error[0]
 
     def writer_failed(e: BaseException) -> None:
         _report(control, task_id, "<checkpoint writer>", "".join(traceback.format_exception(e)), False)
