@@ -3,6 +3,12 @@
     abs-engine plan FILE.py                      print the compiled plan, back-edges marked
     abs-engine checkpoints list DIR              list the checkpoints stored in DIR
     abs-engine checkpoints show DIR [ID] --json  one checkpoint (default: newest), state decoded
+
+The checkpoint directory is distrusted (anyone who can write it can plant files): both
+commands read it only through ``CheckpointStorage``, which refuses names that leave the
+directory, symlinks, FIFOs and devices, and bounds every read, so they never hang, never
+print a file from outside the directory, and report a tampered checkpoint as INVALID with
+its reason (``list``; details on stderr) or as an error (``show``).
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                   f"{d['duration_ms']:>8}  ok")
         except CheckpointError as e:
             print(f"{cid:>6}  {'':19}  {'':5}  {'':>5}  {'':>12}  {'':>8}  INVALID: {e.reason.value}")
+            print(f"checkpoint {cid}: {e}", file=sys.stderr)
     return 0
 
 
@@ -139,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.fn(args))
     except AbsEngineError as e:
+        print(f"abs-engine: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # e.g. the directory cannot be listed
         print(f"abs-engine: error: {e}", file=sys.stderr)
         return 2
 

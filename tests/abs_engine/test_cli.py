@@ -214,3 +214,107 @@ def test_jsonable():
         '[1, "a"]': [{"$text": "hi"}, {"$hex": "80"}],
         "3": [1.5, None, True],
     }
+
+
+# ---- a distrusted directory -------------------------------------------------------------------
+
+
+def forge_metadata(storage: CheckpointStorage, cid: int, body: dict) -> None:
+    """``_metadata`` with any body and a valid self-checksum (a forgery, not damage)."""
+    from abs_engine.checkpoint.storage import FORMAT_VERSION, MAGIC
+
+    raw = codec.pack(body)
+    with open(os.path.join(storage.dir_of(cid), METADATA), "wb") as f:
+        f.write(codec.pack({"magic": MAGIC, "version": FORMAT_VERSION, "body": raw,
+                            "sha256": hashlib.sha256(raw).hexdigest()}))
+
+
+SECRET = "TOP-SECRET-OUTSIDE-THE-DIRECTORY"
+
+
+@pytest.fixture
+def forged(ckdir, tmp_path) -> tuple[str, CheckpointStorage]:
+    """Checkpoint 2 names, with matching size and sha256, a file outside the directory."""
+    d, s = ckdir
+    secret = tmp_path / "secret.state"
+    blob = codec.pack({"task": "read#0", "checkpoint_id": 2, "operators": {"read": codec.pack(SECRET)}})
+    secret.write_bytes(blob)
+    body = s.load_metadata(2).to_dict()
+    body["tasks"]["read#0"] = ["../../secret.state", len(blob), hashlib.sha256(blob).hexdigest()]
+    forge_metadata(s, 2, body)
+    return d, s
+
+
+def test_list_reports_a_forged_name_as_unsafe(forged, capsys):
+    d, _ = forged
+    assert main(["checkpoints", "list", d]) == 0
+    captured = capsys.readouterr()
+    rows = {int(line.split()[0]): line.rstrip() for line in captured.out.splitlines()[1:]}
+    assert rows[1].endswith("ok")
+    assert rows[2].endswith("INVALID: unsafe_path")
+    assert "checkpoint 2:" in captured.err and "plain file name" in captured.err
+    assert SECRET not in captured.out + captured.err
+
+
+def test_show_never_prints_a_file_outside_the_directory(forged, capsys):
+    d, _ = forged
+    assert main(["checkpoints", "show", d, "2", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "plain file name" in captured.err
+    assert SECRET not in captured.err
+    assert main(["checkpoints", "show", d, "--json"]) == 0  # falls back to the valid one
+    out = capsys.readouterr().out
+    assert json.loads(out)["checkpoint_id"] == 1
+    assert SECRET not in out
+
+
+def test_show_refuses_an_absolute_name(ckdir, tmp_path, capsys):
+    d, s = ckdir
+    secret = tmp_path / "abs.state"
+    blob = codec.pack({"task": "read#0", "checkpoint_id": 1, "operators": {"read": codec.pack(SECRET)}})
+    secret.write_bytes(blob)
+    body = s.load_metadata(1).to_dict()
+    body["tasks"]["read#0"] = [str(secret), len(blob), hashlib.sha256(blob).hexdigest()]
+    forge_metadata(s, 1, body)
+    assert main(["checkpoints", "show", d, "1"]) == 2
+    captured = capsys.readouterr()
+    assert "plain file name" in captured.err and SECRET not in captured.out + captured.err
+
+
+@pytest.mark.timeout(10)
+def test_list_and_show_do_not_hang_on_a_fifo_metadata(ckdir, capsys):
+    d, s = ckdir
+    os.makedirs(s.dir_of(3))
+    os.mkfifo(os.path.join(s.dir_of(3), METADATA))
+    assert main(["checkpoints", "list", d]) == 0
+    rows = {int(line.split()[0]): line.rstrip() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows[3].endswith("INVALID: unsafe_path")
+    assert main(["checkpoints", "show", d, "3"]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    assert main(["checkpoints", "show", d, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint_id"] == 2
+
+
+@pytest.mark.timeout(10)
+def test_list_and_show_refuse_a_state_file_linked_to_dev_zero(ckdir, capsys):
+    d, s = ckdir
+    path = os.path.join(s.dir_of(2), "count#0.state")
+    os.remove(path)
+    os.symlink("/dev/zero", path)
+    assert main(["checkpoints", "list", d]) == 0
+    rows = {int(line.split()[0]): line.rstrip() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows[2].endswith("INVALID: unsafe_path")
+    assert main(["checkpoints", "show", d, "2"]) == 2
+    assert "symbolic link" in capsys.readouterr().err
+
+
+def test_list_ignores_the_lock_file(ckdir, capsys):
+    from abs_engine.checkpoint.lock import DirectoryLock
+
+    d, _ = ckdir
+    with DirectoryLock(d, job="wc"):
+        assert main(["checkpoints", "list", d]) == 0
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert rows == ["1", "2"]
+

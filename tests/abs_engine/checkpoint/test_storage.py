@@ -42,6 +42,7 @@ def make_checkpoint(
     states: dict[str, dict[str, object]] | None = None,
     fingerprint: str = FP,
     final: bool = False,
+    job_id: str = "",
 ) -> Metadata:
     if states is None:
         states = {
@@ -58,6 +59,7 @@ def make_checkpoint(
         tasks=tasks,
         alignment_ms={t: 0.5 * i for i, t in enumerate(tasks)},
         duration_ms=12.5,
+        job_id=job_id,
     )
     storage.write_metadata(meta)
     return meta
@@ -514,3 +516,485 @@ def test_state_file_that_passes_its_checksum_but_is_not_msgpack_is_corrupt_state
     with pytest.raises(CheckpointError) as ei:
         storage.read_state(1, "t#0")
     assert ei.value.reason is CheckpointErrorReason.CORRUPT_STATE
+
+
+# ---- a distrusted directory: forged names, links, FIFOs, unbounded files ------------------------
+
+
+def forge_metadata(storage: CheckpointStorage, cid: int, body: dict[str, object]) -> None:
+    """Write ``_metadata`` with any body, re-signed: a valid self-checksum, as an attacker
+    who can write the directory would (the checksum protects against damage, not forgery)."""
+    raw = codec.pack(body)
+    doc = codec.pack({"magic": MAGIC, "version": FORMAT_VERSION, "body": raw,
+                      "sha256": hashlib.sha256(raw).hexdigest()})
+    os.makedirs(storage.dir_of(cid), exist_ok=True)
+    path = meta_path(storage, cid)
+    if os.path.lexists(path):
+        os.remove(path)
+    with open(path, "wb") as f:
+        f.write(doc)
+
+
+def secret_file(tmp_path, content: bytes = b"secret outside the checkpoint dir") -> str:
+    path = str(tmp_path / "secret")
+    with open(path, "wb") as f:
+        f.write(codec.pack({"task": "t", "checkpoint_id": 2, "operators": {"op": codec.pack(content)}}))
+    return path
+
+
+def _sized(path: str) -> list[object]:
+    with open(path, "rb") as f:
+        data = f.read()
+    return [len(data), hashlib.sha256(data).hexdigest()]
+
+
+@pytest.mark.parametrize("name_of", [
+    lambda storage, secret: os.path.relpath(secret, storage.dir_of(2)),  # ../../secret
+    lambda storage, secret: secret,  # absolute
+], ids=["dotdot", "absolute"])
+def test_metadata_naming_a_file_outside_the_directory_is_unsafe(storage, tmp_path, name_of):
+    make_checkpoint(storage, 1)
+    meta = make_checkpoint(storage, 2)
+    secret = secret_file(tmp_path)
+    body = meta.to_dict()
+    body["tasks"] = {"read#0": [name_of(storage, secret), *_sized(secret)]}  # size and sha256 match
+    forge_metadata(storage, 2, body)
+    with pytest.raises(CheckpointError) as ei:
+        storage.verify(2)
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+    assert ei.value.checkpoint_id == 2
+    assert "plain file name" in str(ei.value)
+    with pytest.raises(CheckpointError):
+        storage.read_state(2, "read#0")
+    got, skipped = storage.latest_valid(FP)
+    assert got is not None and got.checkpoint_id == 1
+    assert [(e.checkpoint_id, e.reason) for e in skipped] == [(2, CheckpointErrorReason.UNSAFE_PATH)]
+
+
+def test_metadata_naming_etc_passwd_is_unsafe(storage):
+    if not os.path.isfile("/etc/passwd"):
+        pytest.skip("no /etc/passwd")
+    meta = make_checkpoint(storage, 1)
+    body = meta.to_dict()
+    body["tasks"] = {"read#0": ["/etc/passwd", *_sized("/etc/passwd")]}
+    forge_metadata(storage, 1, body)
+    with pytest.raises(CheckpointError) as ei:
+        storage.verify(1)
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+    assert storage.latest_valid()[0] is None
+
+
+@pytest.mark.parametrize("name", [".", "..", ".hidden", "a/b", "a\\b", "nul\x00x", "", "../x", "/etc/passwd"])
+def test_every_non_plain_name_is_unsafe(storage, name):
+    meta = make_checkpoint(storage, 1)
+    body = meta.to_dict()
+    entry = body["tasks"]["read#0"]
+    body["tasks"]["read#0"] = [name, entry[1], entry[2]]
+    forge_metadata(storage, 1, body)
+    with pytest.raises(CheckpointError) as ei:
+        storage.load_metadata(1)
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+
+
+def test_write_metadata_refuses_unsafe_names(storage):
+    with pytest.raises(CheckpointError) as ei:
+        storage.write_metadata(Metadata(1, "job", FP, 0.0, False, {"t#0": FileEntry("../t", 1, "0" * 64)}, {}, 1.0))
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+    assert not os.path.exists(storage.dir_of(1))
+
+
+@pytest.mark.parametrize("mutate, why", [
+    (lambda b: b["tasks"].update({"read#0": ["read#0.state", -1, "0" * 64]}), "size"),
+    (lambda b: b["tasks"].update({"read#0": ["read#0.state", "10", "0" * 64]}), "size"),
+    (lambda b: b["tasks"].update({"read#0": ["read#0.state", True, "0" * 64]}), "size"),
+    (lambda b: b["tasks"].update({"read#0": ["read#0.state", 10, "xyz"]}), "sha256"),
+    (lambda b: b["tasks"].update({"read#0": ["read#0.state", 10, "A" * 64]}), "sha256"),
+    (lambda b: b["tasks"].update({"read#0": ["read#0.state", 10]}), "entry"),
+    (lambda b: b["tasks"].update({7: ["read#0.state", 10, "0" * 64]}), "task name"),
+    (lambda b: b.update(tasks=[1, 2]), "tasks"),
+    (lambda b: b.update(job=5), "job"),
+    (lambda b: b.update(final="yes"), "final"),
+    (lambda b: b.update(job_id=3), "job_id"),
+    (lambda b: b.update(checkpoint_id=2), "checkpoint 2"),  # copied from another checkpoint
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_metadata_fields_are_type_checked(storage, mutate, why):
+    body = make_checkpoint(storage, 1).to_dict()
+    mutate(body)
+    forge_metadata(storage, 1, body)
+    with pytest.raises(CheckpointError) as ei:
+        storage.load_metadata(1)
+    assert ei.value.reason is CheckpointErrorReason.CORRUPT_METADATA
+    assert why in str(ei.value)
+
+
+@pytest.mark.timeout(10)
+def test_state_file_symlinked_to_dev_zero_is_refused_quickly(storage):
+    make_checkpoint(storage, 1)
+    make_checkpoint(storage, 2)
+    path = state_path(storage, 2, "count#0")
+    os.remove(path)
+    os.symlink("/dev/zero", path)
+    with pytest.raises(CheckpointError) as ei:
+        storage.verify(2)
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+    assert "symbolic link" in str(ei.value)
+    meta, skipped = storage.latest_valid()
+    assert meta is not None and meta.checkpoint_id == 1
+    assert [(e.checkpoint_id, e.reason) for e in skipped] == [(2, CheckpointErrorReason.UNSAFE_PATH)]
+
+
+def test_state_file_symlinked_to_an_identical_file_is_still_refused(storage, tmp_path):
+    """Links are never followed, even to content that would pass the checksum."""
+    make_checkpoint(storage, 1)
+    path = state_path(storage, 1, "read#0")
+    copy = str(tmp_path / "copy")
+    os.replace(path, copy)
+    os.symlink(copy, path)
+    with pytest.raises(CheckpointError) as ei:
+        storage.verify(1)
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+
+
+@pytest.mark.timeout(10)
+def test_fifo_as_metadata_does_not_hang(storage):
+    make_checkpoint(storage, 1)
+    os.makedirs(storage.dir_of(2))
+    os.mkfifo(meta_path(storage, 2))
+    assert storage.completed_ids() == [1, 2]  # a candidate, so that it is reported
+    with pytest.raises(CheckpointError) as ei:
+        storage.verify(2)
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+    assert "not a regular file" in str(ei.value)
+    meta, skipped = storage.latest_valid()
+    assert meta is not None and meta.checkpoint_id == 1
+    assert [e.reason for e in skipped] == [CheckpointErrorReason.UNSAFE_PATH]
+
+
+@pytest.mark.timeout(10)
+def test_fifo_as_state_file_does_not_hang(storage):
+    make_checkpoint(storage, 1)
+    path = state_path(storage, 1, "read#0")
+    os.remove(path)
+    os.mkfifo(path)
+    with pytest.raises(CheckpointError) as ei:
+        storage.verify(1)
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+
+
+@pytest.mark.timeout(10)
+def test_oversized_metadata_is_refused_unread(storage):
+    from abs_engine.checkpoint.storage import MAX_METADATA
+
+    make_checkpoint(storage, 1)
+    with open(meta_path(storage, 1), "r+b") as f:
+        f.truncate(MAX_METADATA + 1)  # sparse: costs no disk
+    with pytest.raises(CheckpointError) as ei:
+        storage.load_metadata(1)
+    assert ei.value.reason is CheckpointErrorReason.TOO_LARGE
+    assert "maximum" in str(ei.value)
+
+
+def test_state_file_larger_than_recorded_is_too_large(storage):
+    make_checkpoint(storage, 1)
+    path = state_path(storage, 1, "read#0")
+    with open(path, "r+b") as f:
+        f.truncate(50 << 20)  # sparse
+    with pytest.raises(CheckpointError) as ei:
+        storage.verify(1)
+    assert ei.value.reason is CheckpointErrorReason.TOO_LARGE
+    assert "recorded" in str(ei.value)
+
+
+def test_symlinked_checkpoint_directory_is_refused_and_pruned_without_following(tmp_path):
+    elsewhere = CheckpointStorage(str(tmp_path / "elsewhere"), retain=10)
+    make_checkpoint(elsewhere, 1)  # a valid checkpoint outside the directory
+    s = CheckpointStorage(str(tmp_path / "ck"), retain=1)
+    make_checkpoint(s, 2)
+    os.symlink(elsewhere.dir_of(1), s.dir_of(1))
+    assert s.completed_ids() == [1, 2]
+    with pytest.raises(CheckpointError) as ei:
+        s.verify(1)
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+    assert "symbolic link" in str(ei.value)
+    assert s.prune() == [1]
+    assert not os.path.lexists(s.dir_of(1))
+    assert elsewhere.verify(1).checkpoint_id == 1  # the target was not touched
+
+
+def test_symlinked_checkpoint_dirs_are_reported_never_followed(tmp_path):
+    """A ``chk-N`` link is a candidate (so latest_valid reports it as UNSAFE_PATH), kept by
+    remove_orphans_after like any invalid checkpoint, and unlinked (not followed) by prune."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep").write_bytes(b"x")
+    s = CheckpointStorage(str(tmp_path / "ck"), retain=1)
+    make_checkpoint(s, 1)
+    os.symlink(str(target), s.dir_of(2))
+    os.makedirs(s.dir_of(3))  # a real orphan
+    assert s.completed_ids() == [1, 2]
+    meta, skipped = s.latest_valid()
+    assert meta is not None and meta.checkpoint_id == 1
+    assert [(e.checkpoint_id, e.reason) for e in skipped] == [(2, CheckpointErrorReason.UNSAFE_PATH)]
+    assert s.remove_orphans_after(1) == [3]
+    make_checkpoint(s, 4)
+    assert s.prune() == [1, 2]
+    assert s.ids_on_disk() == [4]
+    assert (target / "keep").read_bytes() == b"x"
+
+
+# ---- writing never follows what is planted ------------------------------------------------------
+
+
+def test_write_state_file_creates_and_returns_path(storage):
+    from abs_engine.checkpoint.storage import write_state_file
+
+    os.makedirs(storage.root)
+    path = write_state_file(storage.root, 3, "t#0.state", b"abc")
+    assert path == state_path(storage, 3, "t#0")
+    with open(path, "rb") as f:
+        assert f.read() == b"abc"
+    assert write_state_file(storage.root, 3, "t#1.state", b"") == state_path(storage, 3, "t#1")
+
+
+@pytest.mark.parametrize("planted", ["symlink", "file", "dangling"])
+def test_write_state_file_refuses_a_planted_file(storage, tmp_path, planted):
+    from abs_engine.checkpoint.storage import write_state_file
+
+    target = tmp_path / "target"
+    target.write_bytes(b"original")
+    os.makedirs(storage.dir_of(1))
+    path = state_path(storage, 1, "t#0")
+    if planted == "symlink":
+        os.symlink(str(target), path)
+    elif planted == "dangling":
+        os.symlink(str(tmp_path / "created-by-following"), path)
+    else:
+        with open(path, "wb") as f:
+            f.write(b"planted")
+    with pytest.raises(CheckpointError) as ei:
+        write_state_file(storage.root, 1, "t#0.state", b"new state")
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+    assert target.read_bytes() == b"original"
+    assert not (tmp_path / "created-by-following").exists()
+
+
+def test_write_state_file_refuses_a_symlinked_checkpoint_dir(storage, tmp_path):
+    from abs_engine.checkpoint.storage import write_state_file
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.makedirs(storage.root)
+    os.symlink(str(elsewhere), storage.dir_of(1))
+    with pytest.raises(CheckpointError) as ei:
+        write_state_file(storage.root, 1, "t#0.state", b"state")
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+    assert os.listdir(elsewhere) == []
+    with pytest.raises(CheckpointError) as ei:
+        storage.write_metadata(Metadata(1, "job", FP, 0.0, False, {}, {}, 1.0))
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+    assert os.listdir(elsewhere) == []
+
+
+def test_write_state_file_refuses_an_unsafe_name(storage):
+    from abs_engine.checkpoint.storage import write_state_file
+
+    os.makedirs(storage.root)
+    with pytest.raises(CheckpointError) as ei:
+        write_state_file(storage.root, 1, "../escape.state", b"x")
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+    assert not os.path.exists(os.path.join(storage.root, "escape.state"))
+
+
+def test_write_metadata_replaces_a_planted_tmp_link_without_following_it(storage, tmp_path):
+    target = tmp_path / "target"
+    target.write_bytes(b"original")
+    os.makedirs(storage.dir_of(1))
+    os.symlink(str(target), meta_path(storage, 1) + ".tmp")
+    meta = make_checkpoint(storage, 1)
+    assert target.read_bytes() == b"original"
+    assert storage.verify(1) == meta
+    assert not os.path.lexists(meta_path(storage, 1) + ".tmp")
+
+
+class _FakeControl:
+    def __init__(self) -> None:
+        self.sent: list[object] = []
+
+    def send(self, msg: object) -> None:
+        self.sent.append(msg)
+
+
+def test_snapshot_writer_writes_through_the_checks(storage, tmp_path):
+    from abs_engine.runtime.writer import SnapshotWriter
+
+    errors: list[BaseException] = []
+    control = _FakeControl()
+    writer = SnapshotWriter(control, "t#0", errors.append)  # type: ignore[arg-type]
+    blob = codec.pack({"task": "t#0", "checkpoint_id": 1, "operators": {}})
+    os.makedirs(storage.root)
+    writer.submit(1, state_path(storage, 1, "t#0"), blob, 0.5, 0, False)
+    # A planted link for the next checkpoint: refused, reported, target untouched.
+    target = tmp_path / "target"
+    target.write_bytes(b"original")
+    os.makedirs(storage.dir_of(2))
+    os.symlink(str(target), state_path(storage, 2, "t#0"))
+    writer.submit(2, state_path(storage, 2, "t#0"), blob, 0.5, 0, False)
+    writer.flush()
+    with open(state_path(storage, 1, "t#0"), "rb") as f:
+        assert f.read() == blob
+    assert len(control.sent) == 1
+    ack = control.sent[0]
+    assert (ack.checkpoint_id, ack.file, ack.size) == (1, "t#0.state", len(blob))  # type: ignore[attr-defined]
+    assert ack.sha256 == hashlib.sha256(blob).hexdigest()  # type: ignore[attr-defined]
+    assert len(errors) == 1 and isinstance(errors[0], CheckpointError)
+    assert errors[0].reason is CheckpointErrorReason.UNSAFE_PATH
+    assert target.read_bytes() == b"original"
+
+
+# ---- decoding, job identity, restore ------------------------------------------------------------
+
+
+def _undecodable_state(storage: CheckpointStorage, cid: int) -> None:
+    """Checkpoint ``cid`` whose state file passes its checksum but does not decode."""
+    blob = codec.pack({"task": "read#0", "checkpoint_id": cid, "operators": {"read": b"\xc1\xc1"}})
+    d = storage.dir_of(cid)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "read#0.state"), "wb") as f:
+        f.write(blob)
+    storage.write_metadata(Metadata(cid, "job", FP, 0.0, False,
+                                    {"read#0": FileEntry("read#0.state", len(blob), hashlib.sha256(blob).hexdigest())},
+                                    {}, 1.0))
+
+
+def test_checkpoint_that_passes_checksum_but_does_not_decode_is_skipped(storage):
+    make_checkpoint(storage, 1)
+    make_checkpoint(storage, 2)
+    _undecodable_state(storage, 3)
+    with pytest.raises(CheckpointError) as ei:
+        storage.verify(3)
+    assert ei.value.reason is CheckpointErrorReason.CORRUPT_STATE
+    assert ei.value.checkpoint_id == 3
+    meta, skipped = storage.latest_valid(FP)
+    assert meta is not None and meta.checkpoint_id == 2
+    assert [(e.checkpoint_id, e.reason) for e in skipped] == [(3, CheckpointErrorReason.CORRUPT_STATE)]
+
+
+def test_job_id_round_trips_and_old_metadata_reads_as_empty(storage):
+    meta = make_checkpoint(storage, 1, job_id="run-a")
+    assert storage.verify(1).job_id == "run-a" == meta.job_id
+    body = meta.to_dict()
+    del body["job_id"]  # written by an engine that did not know job ids
+    forge_metadata(storage, 1, body)
+    assert storage.verify(1).job_id == ""
+    assert Metadata(1, "j", FP, 0.0, False, {}, {}, 1.0).job_id == ""  # positional construction still works
+
+
+def test_foreign_job_checkpoints_are_skipped(storage):
+    make_checkpoint(storage, 1, job_id="mine")
+    make_checkpoint(storage, 2, job_id="")  # older engine: no id, usable by anyone
+    make_checkpoint(storage, 3, job_id="other", fingerprint="other-shape")
+    meta, skipped = storage.latest_valid(FP, job_id="mine")
+    assert meta is not None and meta.checkpoint_id == 2
+    assert [(e.checkpoint_id, e.reason) for e in skipped] == [(3, CheckpointErrorReason.FOREIGN_JOB)]
+    assert "other" in str(skipped[0]) and "directory of its own" in str(skipped[0])
+    os.remove(state_path(storage, 2, "read#0"))
+    meta, skipped = storage.latest_valid(FP, job_id="mine")
+    assert meta is not None and meta.checkpoint_id == 1
+    assert [e.reason for e in skipped] == [CheckpointErrorReason.FOREIGN_JOB, CheckpointErrorReason.MISSING_FILE]
+    # Without a job id (e.g. the CLI) every job's checkpoints are candidates.
+    assert storage.latest_valid()[0].checkpoint_id == 3  # type: ignore[union-attr]
+
+
+STATE_WITH_LISTS = {
+    "nested": [1, [2, [3, []]], {"k": [4, 5]}],
+    "tuple_keys": {("a", 1): [1, 2], (("x", (1, 2)), 3): {"inner": [6]}, 9: [7]},
+    "pending": [[2, b"a\t3\n"], [3, b"\xff"]],
+}
+
+
+def test_restored_state_keeps_lists_and_tuple_keys(storage):
+    make_checkpoint(storage, 1, states={"t#0": {"op": STATE_WITH_LISTS}})
+    got = storage.read_state(1, "t#0")["op"]
+    assert got == STATE_WITH_LISTS
+    assert type(got["nested"]) is list and type(got["nested"][1][1]) is list
+    assert type(got["tuple_keys"][("a", 1)]) is list
+    assert (("x", (1, 2)), 3) in got["tuple_keys"]
+    got["nested"].append(9)  # mutable, as the operator left it
+
+
+def test_large_state_round_trips(storage):
+    big = {i: [i, str(i)] for i in range(200_000)}
+    big[(1, 2)] = [3]
+    make_checkpoint(storage, 1, states={"t#0": {"op": big}})
+    assert storage.read_state(1, "t#0")["op"] == big
+
+
+def test_back_edge_records_still_decode_as_tuples(storage):
+    blob = codec.pack({"task": "t#0", "checkpoint_id": 1, "operators": {"op": codec.pack([1, 2])},
+                       "logs": {"a->b": codec.pack([(1, "x"), (2, "y")])}, "finished": True})
+    os.makedirs(storage.dir_of(1))
+    with open(state_path(storage, 1, "t#0"), "wb") as f:
+        f.write(blob)
+    storage.write_metadata(Metadata(1, "job", FP, 0.0, False,
+                                    {"t#0": FileEntry("t#0.state", len(blob), hashlib.sha256(blob).hexdigest())},
+                                    {}, 1.0))
+    snap = storage.read_snapshot(1, "t#0")
+    assert snap.states == {"op": [1, 2]}
+    assert snap.logs == {"a->b": [(1, "x"), (2, "y")]}
+    assert snap.finished is True
+
+
+def test_load_task_snapshot_for_workers(storage, tmp_path):
+    from abs_engine.checkpoint.storage import load_task_snapshot
+
+    meta = make_checkpoint(storage, 1, states={"t#0": {"op": STATE_WITH_LISTS}})
+    e = meta.tasks["t#0"]
+    snap = load_task_snapshot(storage.root, 1, e.file, e.size, e.sha256)
+    assert snap.states == {"op": STATE_WITH_LISTS} and snap.logs == {} and snap.finished is False
+    with pytest.raises(CheckpointError) as ei:
+        load_task_snapshot(storage.root, 1, e.file, e.size, "0" * 64)
+    assert ei.value.reason is CheckpointErrorReason.CHECKSUM_MISMATCH
+    with pytest.raises(CheckpointError) as ei:
+        load_task_snapshot(storage.root, 1, "../../secret", e.size, e.sha256)
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+    with pytest.raises(CheckpointError) as ei:
+        load_task_snapshot(storage.root, 1, "gone.state", e.size, e.sha256)
+    assert ei.value.reason is CheckpointErrorReason.MISSING_FILE
+    os.replace(storage.dir_of(1), str(tmp_path / "moved"))
+    os.symlink(str(tmp_path / "moved"), storage.dir_of(1))
+    with pytest.raises(CheckpointError) as ei:
+        load_task_snapshot(storage.root, 1, e.file, e.size, e.sha256)
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+
+
+def test_read_checked_and_verify_state_file(storage, tmp_path):
+    from abs_engine.checkpoint.storage import read_checked, verify_state_file
+
+    meta = make_checkpoint(storage, 1)
+    e = meta.tasks["read#0"]
+    d = storage.dir_of(1)
+    assert len(read_checked(d, e.file, e.size, 1 << 20)) == e.size
+    assert len(read_checked(d, e.file, None, 1 << 20)) == e.size
+    assert verify_state_file(d, e.file, e.size, e.sha256) == read_checked(d, e.file, None, 1 << 20)
+    with pytest.raises(CheckpointError) as ei:
+        read_checked(d, e.file, None, e.size - 1)
+    assert ei.value.reason is CheckpointErrorReason.TOO_LARGE
+    with pytest.raises(CheckpointError) as ei:
+        read_checked(d, e.file, e.size + 1, 1 << 20)
+    assert ei.value.reason is CheckpointErrorReason.CHECKSUM_MISMATCH
+    with pytest.raises(CheckpointError) as ei:
+        read_checked(d, "..", None, 1 << 20)
+    assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
+    with pytest.raises(CheckpointError) as ei:
+        verify_state_file(d, e.file, e.size, "f" * 64)
+    assert ei.value.reason is CheckpointErrorReason.CHECKSUM_MISMATCH
+
+
+def test_lock_file_is_not_a_checkpoint(storage):
+    from abs_engine.checkpoint.lock import DirectoryLock
+
+    make_checkpoint(storage, 1)
+    with DirectoryLock(storage.root, job="job") as lock:
+        assert storage.ids_on_disk() == [1]
+        assert storage.prune() == [] and storage.remove_orphans_after(0) == []
+        assert os.path.exists(lock.path)
