@@ -25,8 +25,24 @@ from . import codec
 
 
 class _Abort:
+    """The marker ``TestingSource.ABORT``: one instance per process, also after (cloud)pickle
+    ships a TestingSource to a worker (unpickling yields that process's marker)."""
+
     def __repr__(self) -> str:
         return "TestingSource.ABORT"
+
+    def __reduce__(self) -> tuple[Callable[[], "_Abort"], tuple[()]]:
+        return _the_abort, ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Abort)
+
+    def __hash__(self) -> int:
+        return hash(_Abort)
+
+
+def _the_abort() -> _Abort:
+    return TestingSource.ABORT
 
 
 class TestingSource(Source):
@@ -47,14 +63,11 @@ class TestingSource(Source):
         if self.pos >= len(self.mine):
             return None
         batch = self.mine[self.pos : self.pos + self.batch_size]
-        for i, item in enumerate(batch):
-            if item is TestingSource.ABORT:
-                if self.ctx.attempt == 0:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                batch = batch[:i] + batch[i + 1 :]
-                self.pos += 1
-                break
         self.pos += len(batch)
+        if any(isinstance(item, _Abort) for item in batch):
+            if self.ctx.attempt == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            batch = [item for item in batch if not isinstance(item, _Abort)]
         return batch
 
     def snapshot(self, checkpoint_id: int) -> Any:
@@ -93,11 +106,12 @@ def fail_at(n: int, kind: str = "raise", attempts: tuple[int, ...] = (0,)) -> Ca
     worker process it runs in. Counting is per subtask and restarts with the process."""
     if kind not in ("raise", "kill"):
         raise ValueError("kind must be 'raise' or 'kill'")
-    state = {"seen": 0, "attempt": None}
+    seen = 0
 
     def check(record: Any) -> Any:
-        state["seen"] += 1
-        if state["seen"] == n and _current_attempt() in attempts:
+        nonlocal seen
+        seen += 1
+        if seen == n and _current_attempt() in attempts:
             if kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected failure at record {n}: {record!r}")
