@@ -7,6 +7,9 @@
   whose committed records you read back with ``records()``.
 - ``fail_at(n, kind)``: a map function that raises (or SIGKILLs its own worker) at the
   n-th record it sees in the first attempt; after recovery it lets records through.
+- ``KillOnCheckpoints(after, seed)``: the driver SIGKILLs a seeded-random live worker right
+  after the n-th completed checkpoints (n in ``after``), so each kill is followed by a
+  restore from a checkpoint. Pass as ``chaos=`` to ``run``; tests prefer it.
 - ``RandomKills(times, seed)``: the driver SIGKILLs a random live worker at each of the
   given moments (seconds after the job started). Pass as ``chaos=`` to ``run``.
 """
@@ -152,6 +155,45 @@ class RandomKills:
         except ProcessLookupError:
             return None
         self.killed.append(task)
+        return task
+
+
+class KillOnCheckpoints:
+    """SIGKILL a seeded-random live worker right after the checkpoint completions numbered in
+    ``after`` (1-based, counting every completion this object sees, across attempts).
+
+    Pass as ``chaos=`` to ``run``. A kill right after checkpoint n completes is certain to be
+    followed by a restore from a checkpoint (n itself, unless it fails verification), unlike
+    a kill at a wall-clock moment, which may fall before the first checkpoint. ``killed``
+    lists the tasks killed and ``killed_after`` the ids of the checkpoints they followed.
+    A kill after the job's *final* checkpoint may find no worker left to kill; choose
+    completions the job reaches before its end (it also needs that many completions)."""
+
+    def __init__(self, after: Iterable[int], seed: int = 0):
+        self.after = sorted(set(after))
+        if any(n < 1 for n in self.after):
+            raise ValueError("after counts checkpoint completions from 1")
+        self.rng = random.Random(seed)
+        self.seen = 0
+        self.killed: list[str] = []
+        self.killed_after: list[int] = []
+
+    def poll(self, elapsed: float, pids: dict[str, int]) -> None:
+        """Nothing happens at wall-clock moments (the executor calls this every loop)."""
+        return None
+
+    def on_checkpoint(self, checkpoint_id: int, pids: dict[str, int]) -> str | None:
+        """Called by the executor after each completed checkpoint; returns the task killed."""
+        self.seen += 1
+        if self.seen not in self.after or not pids:
+            return None
+        task = self.rng.choice(sorted(pids))
+        try:
+            os.kill(pids[task], signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        self.killed.append(task)
+        self.killed_after.append(checkpoint_id)
         return task
 
 
