@@ -7,6 +7,9 @@
   whose committed records you read back with ``records()``.
 - ``fail_at(n, kind)``: a map function that raises (or SIGKILLs its own worker) at the
   n-th record it sees in the first attempt; after recovery it lets records through.
+- ``KillOnCheckpoints(after, seed)``: the driver SIGKILLs a seeded-random live worker right
+  after the n-th completed checkpoints (n in ``after``), so each kill is followed by a
+  restore from a checkpoint. Pass as ``chaos=`` to ``run``; tests prefer it.
 - ``RandomKills(times, seed)``: the driver SIGKILLs a random live worker at each of the
   given moments (seconds after the job started). Pass as ``chaos=`` to ``run``.
 """
@@ -25,8 +28,24 @@ from . import codec
 
 
 class _Abort:
+    """The marker ``TestingSource.ABORT``: one instance per process, also after (cloud)pickle
+    ships a TestingSource to a worker (unpickling yields that process's marker)."""
+
     def __repr__(self) -> str:
         return "TestingSource.ABORT"
+
+    def __reduce__(self) -> tuple[Callable[[], "_Abort"], tuple[()]]:
+        return _the_abort, ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Abort)
+
+    def __hash__(self) -> int:
+        return hash(_Abort)
+
+
+def _the_abort() -> _Abort:
+    return TestingSource.ABORT
 
 
 class TestingSource(Source):
@@ -47,14 +66,11 @@ class TestingSource(Source):
         if self.pos >= len(self.mine):
             return None
         batch = self.mine[self.pos : self.pos + self.batch_size]
-        for i, item in enumerate(batch):
-            if item is TestingSource.ABORT:
-                if self.ctx.attempt == 0:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                batch = batch[:i] + batch[i + 1 :]
-                self.pos += 1
-                break
         self.pos += len(batch)
+        if any(isinstance(item, _Abort) for item in batch):
+            if self.ctx.attempt == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            batch = [item for item in batch if not isinstance(item, _Abort)]
         return batch
 
     def snapshot(self, checkpoint_id: int) -> Any:
@@ -93,11 +109,12 @@ def fail_at(n: int, kind: str = "raise", attempts: tuple[int, ...] = (0,)) -> Ca
     worker process it runs in. Counting is per subtask and restarts with the process."""
     if kind not in ("raise", "kill"):
         raise ValueError("kind must be 'raise' or 'kill'")
-    state = {"seen": 0, "attempt": None}
+    seen = 0
 
     def check(record: Any) -> Any:
-        state["seen"] += 1
-        if state["seen"] == n and _current_attempt() in attempts:
+        nonlocal seen
+        seen += 1
+        if seen == n and _current_attempt() in attempts:
             if kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected failure at record {n}: {record!r}")
@@ -138,6 +155,45 @@ class RandomKills:
         except ProcessLookupError:
             return None
         self.killed.append(task)
+        return task
+
+
+class KillOnCheckpoints:
+    """SIGKILL a seeded-random live worker right after the checkpoint completions numbered in
+    ``after`` (1-based, counting every completion this object sees, across attempts).
+
+    Pass as ``chaos=`` to ``run``. A kill right after checkpoint n completes is certain to be
+    followed by a restore from a checkpoint (n itself, unless it fails verification), unlike
+    a kill at a wall-clock moment, which may fall before the first checkpoint. ``killed``
+    lists the tasks killed and ``killed_after`` the ids of the checkpoints they followed.
+    A kill after the job's *final* checkpoint may find no worker left to kill; choose
+    completions the job reaches before its end (it also needs that many completions)."""
+
+    def __init__(self, after: Iterable[int], seed: int = 0):
+        self.after = sorted(set(after))
+        if any(n < 1 for n in self.after):
+            raise ValueError("after counts checkpoint completions from 1")
+        self.rng = random.Random(seed)
+        self.seen = 0
+        self.killed: list[str] = []
+        self.killed_after: list[int] = []
+
+    def poll(self, elapsed: float, pids: dict[str, int]) -> None:
+        """Nothing happens at wall-clock moments (the executor calls this every loop)."""
+        return None
+
+    def on_checkpoint(self, checkpoint_id: int, pids: dict[str, int]) -> str | None:
+        """Called by the executor after each completed checkpoint; returns the task killed."""
+        self.seen += 1
+        if self.seen not in self.after or not pids:
+            return None
+        task = self.rng.choice(sorted(pids))
+        try:
+            os.kill(pids[task], signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        self.killed.append(task)
+        self.killed_after.append(checkpoint_id)
         return task
 
 

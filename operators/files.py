@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, Callable
 
 from abs_engine.errors import InputError
 
 from .base import OperatorContext, Sink, Source
+
+FINGERPRINT_EDGE = 64 * 1024  #: bytes hashed at each end of the file for its fingerprint
+
+
+class SourceChangedError(InputError):
+    """The input file is not the one a checkpoint's offset points into (retrying cannot help)."""
+
+    fatal = True
+
+
+def file_fingerprint(f: Any) -> list[Any]:
+    """[size, mtime_ns, sha256 of the first and last 64 KiB] of an open binary file."""
+    st = os.fstat(f.fileno())
+    h = hashlib.sha256()
+    f.seek(0)
+    h.update(f.read(FINGERPRINT_EDGE))
+    f.seek(max(0, st.st_size - FINGERPRINT_EDGE))
+    h.update(f.read(FINGERPRINT_EDGE))
+    return [st.st_size, st.st_mtime_ns, h.hexdigest()]
 
 
 class TextFileSource(Source):
@@ -16,6 +36,11 @@ class TextFileSource(Source):
     Subtask i of p reads the lines that *start* in byte range [size*i/p, size*(i+1)/p).
     Its offset is the byte position of the next line to read, so a restore rewinds
     exactly and never re-reads the ranges of other subtasks.
+
+    Every snapshot carries the file's fingerprint (size, mtime in ns, sha256 of its first
+    and last 64 KiB) with the offset; restoring into a file with another fingerprint (it was
+    appended to, truncated, rewritten or touched) raises ``SourceChangedError``, which fails
+    the job at once instead of resuming at an offset into other data.
     """
 
     def __init__(self, path: str | os.PathLike[str], batch_bytes: int = 1 << 16):
@@ -33,7 +58,8 @@ class TextFileSource(Source):
         super().open(ctx)
         self.check()
         self._f = open(self.path, "rb")
-        size = os.fstat(self._f.fileno()).st_size
+        self.fingerprint = file_fingerprint(self._f)
+        size = self.fingerprint[0]
         i, p = ctx.subtask_index, ctx.parallelism
         self.start, self.end = size * i // p, size * (i + 1) // p
         self.pos = self._first_line_at_or_after(self.start)
@@ -81,10 +107,24 @@ class TextFileSource(Source):
         return lines
 
     def snapshot(self, checkpoint_id: int) -> Any:
-        return self.pos
+        return {"offset": self.pos, "fingerprint": self.fingerprint}
 
     def restore(self, state: Any) -> None:
-        self.pos = int(state)
+        then = list(state["fingerprint"])
+        if then != self.fingerprint:
+            what = []
+            if then[0] != self.fingerprint[0]:
+                what.append(f"size {then[0]} -> {self.fingerprint[0]} bytes")
+            if then[1] != self.fingerprint[1]:
+                what.append("modification time")
+            if then[2] != self.fingerprint[2]:
+                what.append("content")
+            raise SourceChangedError(
+                f"input file {self.path!r} changed since the checkpoint was taken ({', '.join(what)}): "
+                f"its offset (byte {state['offset']}) may point into other data. Restore the original file, "
+                "or start the job afresh with an empty checkpoint directory"
+            )
+        self.pos = int(state["offset"])
 
     def close(self) -> None:
         self._f.close()

@@ -106,4 +106,10 @@ class ParquetSink(Sink):
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, final)
+            # The rename lives in the directory's entry: fsync it too, or a power loss may undo it.
+            dir_fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
         self.pending = keep

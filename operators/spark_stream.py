@@ -1,9 +1,9 @@
 """Unbounded input from Spark Structured Streaming.
 
 The driver runs the streaming query with ``foreachBatch``. Each micro-batch is written to
-a staging directory as ``batch-<id>.arrow`` (temp file, fsync, rename) *before* the
-callback returns, i.e. before Spark commits the batch; so whatever Spark has committed is
-durable for the engine. Spark re-delivers an uncommitted batch after a crash with the same
+a staging directory as ``batch-<id>.arrow`` (temp file, fsync, rename, directory fsync)
+*before* the callback returns, i.e. before Spark commits the batch; so whatever Spark has
+committed is durable for the engine. Spark re-delivers an uncommitted batch after a crash with the same
 batch id: the file is simply written again, identical.
 
 Source subtask i reads the batches whose id % parallelism == i. Its offset, in every
@@ -30,6 +30,15 @@ IDLE_WAIT = 0.02  # seconds a subtask waits when no staged batch is ready (a pol
 
 def _batch_path(staging: str, batch_id: int) -> str:
     return os.path.join(staging, f"batch-{batch_id:09d}.arrow")
+
+
+def _fsync_dir(path: str) -> None:
+    """Make the renames done in directory ``path`` durable (they live in its entries)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class SparkStreamSource(Source):
@@ -65,6 +74,7 @@ class SparkStreamSource(Source):
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(self.staging)  # durable before the callback returns and Spark commits the batch
         self._last_staged = max(getattr(self, "_last_staged", -1), batch_id)
 
     def driver_start(self) -> None:
@@ -93,7 +103,10 @@ class SparkStreamSource(Source):
             tmp = os.path.join(self.staging, "_end.tmp")
             with open(tmp, "w") as f:
                 f.write(str(last))
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, os.path.join(self.staging, "_end"))
+            _fsync_dir(self.staging)
 
     def driver_stop(self) -> None:
         if self._query is not None:

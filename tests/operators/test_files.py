@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from abs_engine import codec
 from abs_engine.errors import InputError
 from operators.base import OperatorContext
-from operators.files import FileSink, TextFileSource
+from operators.files import FileSink, SourceChangedError, TextFileSource
 
 
 def ctx(name: str, index: int = 0, parallelism: int = 1, restored: bool = False, attempt: int = 0) -> OperatorContext:
@@ -191,12 +191,79 @@ def test_restore_rewinds_the_same_instance(tmp_path):
     src = TextFileSource(path, batch_bytes=2)
     src.open(ctx("read"))
     assert src.read_batch() == ["a"]
-    off = src.snapshot(1)
-    assert off == 2
+    state = src.snapshot(1)
+    assert state["offset"] == 2
     assert read_all(src) == ["b", "c", "d"]
-    src.restore(off)
+    src.restore(roundtrip(state))
     assert read_all(src) == ["b", "c", "d"]
     src.close()
+
+
+def snapshot_after_one_batch(path: str) -> object:
+    src = TextFileSource(path, batch_bytes=2)
+    src.open(ctx("read"))
+    assert src.read_batch() == ["0"]
+    state = roundtrip(src.snapshot(1))
+    src.close()
+    return state
+
+
+def restore_into(path: str, state: object) -> TextFileSource:
+    again = TextFileSource(path, batch_bytes=2)
+    again.open(ctx("read", restored=True, attempt=1))
+    try:
+        again.restore(state)
+    except BaseException:
+        again.close()
+        raise
+    return again
+
+
+def test_restore_of_an_unchanged_file_resumes(tmp_path):
+    path = write(tmp_path / "in.txt", "".join(f"{i}\n" for i in range(100)))
+    state = snapshot_after_one_batch(path)
+    src = restore_into(path, state)
+    assert read_all(src) == [str(i) for i in range(1, 100)]
+    src.close()
+
+
+def appended(path: str) -> None:
+    with open(path, "ab") as f:
+        f.write(b"new line\n")
+
+
+def rewritten_in_place_same_size_and_mtime(where: str):
+    def change(path: str) -> None:
+        st = os.stat(path)
+        with open(path, "r+b") as f:
+            f.seek(0 if where == "head" else st.st_size - 3)
+            f.write(b"9" if where == "head" else b"X")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # even a preserved mtime is caught
+        assert os.stat(path).st_size == st.st_size
+    return change
+
+
+def truncated(path: str) -> None:
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+def touched(path: str) -> None:
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+@pytest.mark.parametrize("change", [appended, rewritten_in_place_same_size_and_mtime("head"),
+                                    rewritten_in_place_same_size_and_mtime("tail"), truncated, touched],
+                         ids=["appended", "head-rewritten", "tail-rewritten", "truncated", "touched"])
+def test_restore_of_a_changed_file_is_a_fatal_error_naming_it(tmp_path, change):
+    path = write(tmp_path / "in.txt", "".join(f"{i}\n" for i in range(100)))
+    state = snapshot_after_one_batch(path)
+    change(path)
+    with pytest.raises(SourceChangedError) as ei:
+        restore_into(path, state)
+    assert path in str(ei.value) and "changed" in str(ei.value)
+    assert ei.value.fatal is True  # workers report it as not retryable
+    assert isinstance(ei.value, InputError)
 
 
 # ---- FileSink ---------------------------------------------------------------------------------

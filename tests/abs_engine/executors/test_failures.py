@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+import time
+
 import pytest
 
 from abs_engine import CheckpointError, Dataflow, InputError, JobFailed
 from abs_engine.errors import CheckpointErrorReason
 from abs_engine.testing import CapturingSink, TestingSource
-from operators import FileSink, TextFileSource
+from operators import FileSink, Source, TextFileSource
 from operators.keyed import CountFinal
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
@@ -102,3 +105,50 @@ def test_bad_config_values_are_rejected():
         flow.run(mode="sometimes")
     with pytest.raises(ValueError, match="checkpoint_interval"):
         flow.run(checkpoint_interval=0)
+
+
+class Endless(Source):
+    """Emits nothing and never ends: keeps a job running until ``stop_when`` cancels it."""
+
+    def read_batch(self):
+        time.sleep(0.005)  # an idle source polls (as SparkStreamSource does); not synchronisation
+        return []
+
+    def snapshot(self, checkpoint_id):
+        return 0
+
+    def restore(self, state):
+        pass
+
+
+def file_and_endless(path: str, out) -> Dataflow:
+    flow = Dataflow("changed", parallelism=2)
+    lines = flow.source(TextFileSource(path, batch_bytes=4096), name="read")
+    lines.union(flow.source(Endless(), name="endless")).sink(CapturingSink(out), parallelism=1)
+    return flow
+
+
+def after_a_periodic_checkpoint(result) -> bool:
+    return any(not c.final for c in result.checkpoints)
+
+
+def test_resume_after_the_input_file_changed_fails_at_once_naming_it(tmp_path, small_corpus):
+    path, ck = str(tmp_path / "in.txt"), str(tmp_path / "ck")
+    shutil.copyfile(small_corpus, path)
+    first = file_and_endless(path, tmp_path / "out").run(
+        checkpoint_interval=0.02, checkpoint_dir=ck, stop_when=after_a_periodic_checkpoint)
+    assert first.cancelled and first.checkpoints  # checkpoints of a run that did not end remain
+    # Unchanged input: the resume restores from a checkpoint and goes on.
+    again = file_and_endless(path, tmp_path / "out").run(
+        checkpoint_interval=0.02, checkpoint_dir=ck, resume=True, stop_when=after_a_periodic_checkpoint)
+    assert again.cancelled and again.restored_from and again.restored_from[0] > 0
+    assert again.failures == []
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("a line appended after the checkpoint\n")
+    with pytest.raises(JobFailed) as ei:
+        file_and_endless(path, tmp_path / "out").run(
+            checkpoint_interval=0.02, checkpoint_dir=ck, resume=True, stop_when=after_a_periodic_checkpoint)
+    msg = str(ei.value)
+    assert ei.value.operator == "read"
+    assert "cannot be retried" in msg  # fatal: no pointless restarts
+    assert "SourceChangedError" in msg and repr(path) in msg and "changed" in msg
