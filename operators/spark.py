@@ -266,7 +266,7 @@ class _PartitionStream:
             self.conn.sendall(codec.frame(codec.FrameKind.CONTROL, codec.pack(request)))
         except ProtocolError as e:
             self.conn.close()
-            raise _protocol_error(e) from e
+            raise _protocol_error(e, handshake=True) from e
         except BaseException:
             self.conn.close()
             raise
@@ -302,8 +302,9 @@ class _PartitionStream:
         self.conn.close()
 
 
-def _protocol_error(e: ProtocolError) -> SparkReadError:
-    if e.reason is ProtocolErrorReason.AUTH_FAILED:
+def _protocol_error(e: ProtocolError, handshake: bool = False) -> SparkReadError:
+    if e.reason is ProtocolErrorReason.AUTH_FAILED or (handshake and e.reason is ProtocolErrorReason.CLOSED):
+        # The server closes without a word when the response is wrong: that is a refusal too.
         why = ("authentication failed: this worker does not hold the partition server's secret "
                "(a worker of another job or attempt?), or the server is not the job's driver")
     elif e.reason is ProtocolErrorReason.HANDSHAKE_TIMEOUT:
