@@ -88,7 +88,10 @@ class PartitionServer:
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     time.sleep(0.1)  # out of descriptors (a connection flood?): keep serving
                 continue  # ECONNABORTED and the like concern one connection only
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            except RuntimeError:  # no more threads (a connection flood?): drop this one only
+                conn.close()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
