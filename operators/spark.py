@@ -4,7 +4,8 @@
 to subtask p % parallelism). A subtask's offset is (index of its current partition, rows
 consumed in it); it goes into the checkpoint, and after a failure the subtask asks the
 driver for that partition from that row: partitions before it are not read again. Rows
-travel as Arrow record batches (see abs_engine.spark_server).
+travel as Arrow record batches (see abs_engine.spark_server) over connections that first
+prove they know the partition server's secret, which the source carries to its subtasks.
 
 Determinism: a (partition, row) offset means something only if the DataFrame yields the
 same rows in the same partitions in the same order every time it is computed. File-backed

@@ -18,7 +18,7 @@ import pytest
 
 from abs_engine import auth, codec
 from abs_engine.spark_server import BATCH, ERROR, SCHEMA, PartitionServer
-from operators.spark import SparkReadError, _PartitionStream, dataframe_fingerprint
+from operators.spark import SparkReadError, SparkSource, _PartitionStream, dataframe_fingerprint
 
 pytestmark = [pytest.mark.spark]
 
@@ -98,6 +98,24 @@ def only_the_challenge(data: bytes) -> bool:
 
 
 # ---- (a) authentication -----------------------------------------------------------------
+
+
+def test_the_secret_reaches_the_worker_inside_the_pickled_source_only(spark: Any) -> None:
+    """The driver hook puts the server's secret on the source; the copy a subtask gets
+    (cloudpickled, as over the control connection) keeps it and drops the DataFrame."""
+    import cloudpickle
+
+    from abs_engine.spark_server import partition_server
+
+    src = SparkSource(spark.range(0, 10, 1, 1))
+    src.driver_start()
+    try:
+        worker = cloudpickle.loads(cloudpickle.dumps(src))
+        assert worker.secret == src.secret == partition_server().secret
+        assert len(worker.secret) == auth.SECRET_BYTES
+        assert worker._df is None and not hasattr(worker, "_served")
+    finally:
+        src.driver_stop()
 
 
 def test_a_client_without_the_secret_gets_no_data(served: Served) -> None:
