@@ -6,13 +6,27 @@ runs a Spark job on *that partition only* (earlier partitions are never read aga
 streams its Arrow batches, rows before the offset dropped. The batches are the JVM's own
 Arrow IPC messages (``Dataset.toArrowBatchRdd``), passed through without re-encoding.
 
-Wire (codec framing): request = msgpack [source_id, fingerprint, partition, start_row];
-reply = SCHEMA frame (Arrow schema), RECORDS frames (Arrow record batch messages), then END
-with the row count, or an ERROR frame with a message.
+Wire, in this order on every connection:
+
+1. The mutual HMAC handshake of ``abs_engine.auth`` with the server's ``secret`` (random
+   per server; it reaches the workers inside the pickled SparkSource, over the job's
+   control connection). Nothing else is read before it succeeds; a peer that fails it,
+   or does not finish it within ``handshake_timeout`` seconds, is closed without a reply.
+2. The request: one CONTROL frame (codec framing) of at most ``MAX_REQUEST`` bytes whose
+   payload is msgpack [source_id: str, fingerprint: str, partition: int >= 0,
+   start_row: int >= 0], within ``handshake_timeout`` seconds of the handshake. A larger
+   header, another frame kind or another payload gets an ERROR frame and the connection is
+   closed.
+3. The reply: SCHEMA frame (Arrow schema), BATCH frames (Arrow record batch messages), then
+   END with the row count, or an ERROR frame with a message.
+
+Invariants: every connection has its own thread, so a slow or hostile peer delays no one
+else; nothing a peer sends can raise out of that thread or stop the accept loop.
 """
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -20,8 +34,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import codec
+from .auth import HANDSHAKE_TIMEOUT, new_secret, server_handshake
+from .errors import ProtocolError, ProtocolErrorReason
 
 SCHEMA, BATCH, END, ERROR = 10, 11, 12, 13
+MAX_REQUEST = 64 << 10  #: a request is a 4-element msgpack list: a few hundred bytes at most
 
 
 @dataclass
@@ -36,7 +53,9 @@ class Registered:
 
 
 class PartitionServer:
-    def __init__(self, host: str = "127.0.0.1"):
+    def __init__(self, host: str = "127.0.0.1", handshake_timeout: float = HANDSHAKE_TIMEOUT):
+        self.secret = new_secret()  #: workers prove they know it before anything is read
+        self.handshake_timeout = handshake_timeout
         self.sources: dict[str, Registered] = {}
         self.sock = socket.create_server((host, 0), backlog=64)
         self.address = self.sock.getsockname()[:2]
@@ -63,40 +82,82 @@ class PartitionServer:
         while not self._closed:
             try:
                 conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            except OSError as e:
+                if self._closed:
+                    return
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    time.sleep(0.1)  # out of descriptors (a connection flood?): keep serving
+                continue  # ECONNABORTED and the like concern one connection only
+            try:
+                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            except RuntimeError:  # no more threads (a connection flood?): drop this one only
+                conn.close()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
-            reader = codec.FrameReader()
-            frame = None
-            while frame is None:
-                data = conn.recv(1 << 16)
-                if not data:
-                    return
-                reader.feed(data)
-                frame = reader.next_frame()
-            source_id, fingerprint, partition, start_row = codec.unpack(frame[1])
-            reg = self.sources.get(source_id)
+            try:
+                rest = server_handshake(conn, self.secret, self.handshake_timeout)
+            except ProtocolError:
+                return  # unauthenticated, silent or too slow: no reply at all
+            try:
+                request = self._read_request(conn, rest, time.monotonic() + self.handshake_timeout)
+            except ProtocolError as e:
+                if e.reason is not ProtocolErrorReason.CLOSED:
+                    _refuse(conn, f"bad request to the Spark partition server: {e}")
+                return
+            source_id, fingerprint, partition, start_row = request
+            with self._lock:
+                reg = self.sources.get(source_id)
             if reg is None or reg.fingerprint != fingerprint:
-                conn.sendall(codec.frame(ERROR, codec.pack(
-                    f"source {source_id} is not served here or its DataFrame changed "
-                    f"(fingerprint {fingerprint}); restart the job from its driver")))
+                _refuse(conn, f"source {source_id} is not served here or its DataFrame changed "
+                              f"(fingerprint {fingerprint}); restart the job from its driver")
                 return
             try:
                 sent = self._stream(conn, reg, partition, start_row)
-            except (BrokenPipeError, ConnectionResetError):
+            except OSError:
                 return  # the subtask died or went away
             except Exception as e:  # noqa: BLE001 - a Spark failure goes to the subtask as text
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                conn.sendall(codec.frame(ERROR, codec.pack(f"Spark failed reading partition {partition}: {msg}")))
+                _refuse(conn, f"Spark failed reading partition {partition}: {msg}")
                 return
             conn.sendall(codec.frame(END, codec.pack(sent)))
-        except OSError:
+        except Exception:  # noqa: BLE001 - nothing a peer does may escape its thread
             pass
         finally:
             conn.close()
+
+    @staticmethod
+    def _read_request(conn: socket.socket, rest: bytes, deadline: float) -> tuple[str, str, int, int]:
+        """The one request frame, bounded in size and time, checked for shape and types."""
+        reader = codec.FrameReader(max_frame=MAX_REQUEST)
+        reader.feed(rest)
+        while (frame := reader.next_frame()) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ProtocolError(ProtocolErrorReason.HANDSHAKE_TIMEOUT, "no request arrived in time")
+            conn.settimeout(left)
+            try:
+                data = conn.recv(1 << 16)
+            except socket.timeout:
+                raise ProtocolError(ProtocolErrorReason.HANDSHAKE_TIMEOUT, "no request arrived in time") from None
+            if not data:
+                raise ProtocolError(ProtocolErrorReason.CLOSED, "the peer closed the connection")
+            reader.feed(data)
+        conn.settimeout(None)
+        kind, payload = frame
+        if kind != codec.FrameKind.CONTROL:
+            raise ProtocolError(ProtocolErrorReason.MALFORMED, f"a request is a CONTROL frame, not kind {kind}")
+        try:
+            request = codec.unpack(payload)
+        except Exception:  # noqa: BLE001 - msgpack raises several types on garbage
+            raise ProtocolError(ProtocolErrorReason.MALFORMED, "the request is not msgpack") from None
+        if (not isinstance(request, tuple) or len(request) != 4
+                or not isinstance(request[0], str) or not isinstance(request[1], str)
+                or not all(type(v) is int and v >= 0 for v in request[2:])):
+            raise ProtocolError(ProtocolErrorReason.MALFORMED,
+                                "a request is [source_id: str, fingerprint: str, partition: int >= 0, "
+                                "start_row: int >= 0]")
+        return request[0], request[1], request[2], request[3]
 
     def _stream(self, conn: socket.socket, reg: Registered, partition: int, start_row: int) -> int:
         import pyarrow as pa
@@ -133,6 +194,15 @@ class PartitionServer:
         with self._lock:
             reg.last_end = time.monotonic()
         return sent
+
+
+def _refuse(conn: socket.socket, message: str) -> None:
+    """Send an ERROR frame and stop writing (the caller closes the connection)."""
+    try:
+        conn.sendall(codec.frame(ERROR, codec.pack(message)))
+        conn.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
 
 
 _server: PartitionServer | None = None

@@ -4,7 +4,8 @@
 to subtask p % parallelism). A subtask's offset is (index of its current partition, rows
 consumed in it); it goes into the checkpoint, and after a failure the subtask asks the
 driver for that partition from that row: partitions before it are not read again. Rows
-travel as Arrow record batches (see abs_engine.spark_server).
+travel as Arrow record batches (see abs_engine.spark_server) over connections that first
+prove they know the partition server's secret, which the source carries to its subtasks.
 
 Determinism: a (partition, row) offset means something only if the DataFrame yields the
 same rows in the same partitions in the same order every time it is computed. File-backed
@@ -25,7 +26,8 @@ import uuid
 from typing import Any
 
 from abs_engine import codec
-from abs_engine.errors import AbsEngineError, InputError
+from abs_engine.auth import client_handshake
+from abs_engine.errors import AbsEngineError, InputError, ProtocolError, ProtocolErrorReason
 
 from .base import OperatorContext, Source
 
@@ -71,6 +73,7 @@ class SparkSource(Source):
         self._owns_session = owns_session
         self.source_id = uuid.uuid4().hex[:12]
         self.address: tuple[str, int] | None = None
+        self.secret: bytes | None = None  #: the partition server's; travels only inside this object
         self.fingerprint = ""
         self.num_partitions = 0
 
@@ -156,6 +159,7 @@ class SparkSource(Source):
         server = partition_server()
         server.register(self.source_id, df, self.fingerprint, schema)
         self.address = server.address
+        self.secret = server.secret
 
     def driver_stop(self) -> None:
         from abs_engine.spark_server import partition_server
@@ -186,7 +190,8 @@ class SparkSource(Source):
         return getattr(self, "_delivery_seconds", None)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Only plain data goes to the workers: never the DataFrame or the session.
+        # Only plain data goes to the workers: never the DataFrame or the session. The
+        # partition server's secret goes with it (over the job's control connection only).
         return {k: v for k, v in self.__dict__.items() if k not in ("_df", "_served")} | {"_df": None}
 
     # ---- worker side -----------------------------------------------------------------
@@ -201,9 +206,9 @@ class SparkSource(Source):
     def _stream(self, i: int) -> "_PartitionStream":
         s = self._streams.get(i)
         if s is None:
-            assert self.address is not None
+            assert self.address is not None and self.secret is not None
             start = self.rows if i == self.next else 0
-            s = _PartitionStream(self.address, [self.source_id, self.fingerprint, self.mine[i], start])
+            s = _PartitionStream(self.address, self.secret, [self.source_id, self.fingerprint, self.mine[i], start])
             self._streams[i] = s
         return s
 
@@ -250,20 +255,34 @@ class SparkSource(Source):
 
 
 class _PartitionStream:
-    """One request to the driver's partition server: (partition, first row) -> batches."""
+    """One request to the driver's partition server: (partition, first row) -> batches.
 
-    def __init__(self, address: tuple[str, int], request: list[Any]):
+    The connection authenticates first (abs_engine.auth); replies are read with the data
+    frame bound. Any breach of the protocol, either way, is a SparkReadError."""
+
+    def __init__(self, address: tuple[str, int], secret: bytes, request: list[Any]):
         self.conn = socket.create_connection(address)
-        self.conn.sendall(codec.frame(codec.FrameKind.CONTROL, codec.pack(request)))
-        self.reader = codec.FrameReader()
+        try:
+            client_handshake(self.conn, secret)
+            self.conn.sendall(codec.frame(codec.FrameKind.CONTROL, codec.pack(request)))
+        except ProtocolError as e:
+            self.conn.close()
+            raise _protocol_error(e, handshake=True) from e
+        except BaseException:
+            self.conn.close()
+            raise
+        self.reader = codec.FrameReader(max_frame=codec.MAX_FRAME)
         self.schema: Any = None
 
     def _recv(self) -> tuple[int, bytes]:
-        while (f := self.reader.next_frame()) is None:
-            data = self.conn.recv(1 << 20)
-            if not data:
-                raise SparkReadError("the driver's Spark partition server closed the connection")
-            self.reader.feed(data)
+        try:
+            while (f := self.reader.next_frame()) is None:
+                data = self.conn.recv(1 << 20)
+                if not data:
+                    raise SparkReadError("the driver's Spark partition server closed the connection")
+                self.reader.feed(data)
+        except ProtocolError as e:
+            raise _protocol_error(e) from e
         return f
 
     def next_batch(self) -> Any:
@@ -282,3 +301,17 @@ class _PartitionStream:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _protocol_error(e: ProtocolError, handshake: bool = False) -> SparkReadError:
+    if e.reason is ProtocolErrorReason.AUTH_FAILED or (handshake and e.reason is ProtocolErrorReason.CLOSED):
+        # The server closes without a word when the response is wrong: that is a refusal too.
+        why = ("authentication failed: this worker does not hold the partition server's secret "
+               "(a worker of another job or attempt?), or the server is not the job's driver")
+    elif e.reason is ProtocolErrorReason.HANDSHAKE_TIMEOUT:
+        why = "the authentication handshake did not finish in time"
+    elif e.reason is ProtocolErrorReason.FRAME_TOO_LARGE:
+        why = f"the server sent an oversized frame ({e})"
+    else:
+        why = str(e)
+    return SparkReadError(f"cannot read from the driver's Spark partition server: {why}")
