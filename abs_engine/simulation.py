@@ -91,11 +91,14 @@ class SimFailure(Exception):
 # ---- topologies as data -------------------------------------------------------------
 
 
+Routes = dict[str, dict[int, tuple[tuple[str, ...], bool]]]
+
+
 @dataclass(frozen=True)
 class Topology:
     name: str
     kinds: dict[str, str]  #: task -> "source" | "counter" | "step" | "sink"
-    routes: dict[str, dict[int, tuple[tuple[str, ...], bool]]]  #: task -> port -> (consumers, back-edge)
+    routes: Routes  #: task -> port -> (consumers, back-edge)
     loops: dict[int, tuple[frozenset[str], frozenset[str]]]  #: as plan.loops(): (inside, feeders)
 
     @property
@@ -104,18 +107,22 @@ class Topology:
 
 
 def build_topology(name: str) -> Topology:
+    """dag/dag3: p sources -> hash exchange -> p keyed counters -> one sink. cycle: a source
+    -> hash exchange -> two step tasks whose port 0 loops back (back-edges, hashed) and whose
+    port 1 leaves the loop to a sink."""
+    routes: Routes = {"sink": {}}
     if name in ("dag", "dag3"):
         p = 3 if name == "dag3" else 2
         srcs, cnts = [f"src{i}" for i in range(p)], tuple(f"count{i}" for i in range(p))
         kinds = {**{s: "source" for s in srcs}, **{c: "counter" for c in cnts}, "sink": "sink"}
-        routes = {**{s: {0: (cnts, False)} for s in srcs}, **{c: {0: (("sink",), False)} for c in cnts}, "sink": {}}
+        routes.update({s: {0: (cnts, False)} for s in srcs})
+        routes.update({c: {0: (("sink",), False)} for c in cnts})
         return Topology(name, kinds, routes, {})
     if name == "cycle":
         steps = ("step0", "step1")
         kinds = {"src0": "source", "step0": "step", "step1": "step", "sink": "sink"}
-        routes: dict[str, dict[int, tuple[tuple[str, ...], bool]]] = {
-            "src0": {0: (steps, False)}, "sink": {},
-            **{s: {0: (steps, True), 1: (("sink",), False)} for s in steps}}
+        routes["src0"] = {0: (steps, False)}
+        routes.update({s: {0: (steps, True), 1: (("sink",), False)} for s in steps})
         return Topology(name, kinds, routes, {0: (frozenset(steps), frozenset({"src0"}))})
     raise ValueError(f"unknown topology {name!r}")
 
@@ -126,14 +133,19 @@ Out = list[tuple[int, int, Any]]  #: (port, key, record)
 
 
 class Op:
+    """An operator whose whole state is the msgpack-encodable dict ``self.state``."""
+
+    def __init__(self, **state: Any) -> None:
+        self.state: dict[str, Any] = state
+
     def process(self, rec: Any) -> Out:
         return []
 
     def snapshot(self, checkpoint_id: int) -> Any:
-        return None
+        return self.state  # encoded at once by the task
 
     def restore(self, state: Any) -> None:
-        pass
+        self.state = {k: dict(v) if isinstance(v, dict) else v for k, v in state.items()}
 
     def notify(self, checkpoint_id: int) -> None:
         pass
@@ -144,57 +156,40 @@ class SourceOp(Op):
     tokens (id, amount left, initial amount)."""
 
     def __init__(self, items: list[Any]):
-        self.items, self.pos = items, 0
-
-    def key(self, rec: Any) -> int:
-        return rec if isinstance(rec, int) else int(rec[0])
+        super().__init__(pos=0)
+        self.items = items
 
     def read(self, n: int) -> list[Any]:
-        batch = self.items[self.pos : self.pos + n]
-        self.pos += len(batch)
-        return batch
-
-    def snapshot(self, checkpoint_id: int) -> Any:
-        return {"pos": self.pos}
-
-    def restore(self, state: Any) -> None:
-        self.pos = state["pos"]
+        pos = self.state["pos"]
+        self.state["pos"] = min(pos + n, len(self.items))
+        return self.items[pos : pos + n]
 
 
 class CounterOp(Op):
+    """Per-key running counts; emits (key, count so far) for every record."""
+
     def __init__(self) -> None:
-        self.counts: dict[int, int] = {}
+        super().__init__(counts={})
 
     def process(self, rec: Any) -> Out:
-        self.counts[rec] = self.counts.get(rec, 0) + 1
-        return [(0, 0, (rec, self.counts[rec]))]
-
-    def snapshot(self, checkpoint_id: int) -> Any:
-        return {"counts": dict(self.counts)}
-
-    def restore(self, state: Any) -> None:
-        self.counts = dict(state["counts"])
+        counts = self.state["counts"]
+        counts[rec] = counts.get(rec, 0) + 1
+        return [(0, 0, (rec, counts[rec]))]
 
 
 class StepOp(Op):
     """A token (id, n, n0) pays one unit into the balance and goes round the loop with n-1;
-    at n == 0 it leaves the loop as (id, n0)."""
+    at n == 0 it leaves the loop (port 1) as (id, n0)."""
 
     def __init__(self) -> None:
-        self.balance = 0
+        super().__init__(balance=0)
 
     def process(self, rec: Any) -> Out:
         rid, n, n0 = rec
         if n == 0:
             return [(1, 0, (rid, n0))]
-        self.balance += 1
+        self.state["balance"] += 1
         return [(0, rid + n, (rid, n - 1, n0))]
-
-    def snapshot(self, checkpoint_id: int) -> Any:
-        return {"balance": self.balance}
-
-    def restore(self, state: Any) -> None:
-        self.balance = state["balance"]
 
 
 class SinkOp(Op):
@@ -481,6 +476,7 @@ class Sim:
         self.completed: list[int] = []  #: every checkpoint completed, over all attempts
         self.now = 0.0
         self.steps = self.crashes = self.idle = 0
+        self.stats: Counter[str] = Counter()  #: what the run exercised (tests check it is not trivial)
         self.start_attempt()
 
     # ---- plumbing ----
@@ -523,6 +519,7 @@ class Sim:
         self.storage.remove_orphans_after(meta.checkpoint_id if meta else 0)
         next_id = max(self.storage.ids_on_disk(), default=0) + 1
         self.note(f"attempt restore={meta and meta.checkpoint_id} next_id={next_id}")
+        self.stats["restored"] += meta is not None
         self.tasks = {t: SimTask(self, t, self.make_op(t)) for t in self.topo.kinds}
         self.final_restore = meta is not None and meta.final
         replays: dict[str, list[Any]] = {}
@@ -553,6 +550,7 @@ class Sim:
     def crash(self) -> None:
         self.crashes_left -= 1
         self.crashes += 1
+        self.stats["aborted"] += len(self.coord.stats.aborted)
         victim = self.rng.choice([*self.tasks, "driver"])
         self.note(f"crash {victim}")
         self.start_attempt()
@@ -560,7 +558,9 @@ class Sim:
     # ---- the driver (executors/local.py _on_message) ----
     def on_driver_message(self, t: str, msg: messages.Message) -> None:
         if isinstance(msg, messages.Ack):
+            self.stats["logged"] += msg.logged
             outcome, meta = self.coord.on_ack(msg)
+            self.stats[outcome.value] += 1
             if outcome in (AckOutcome.UNKNOWN, AckOutcome.DUPLICATE):
                 raise SimFailure(f"ack of {t} for checkpoint {msg.checkpoint_id} was {outcome.value}")
             if meta is not None:
@@ -674,13 +674,13 @@ class Sim:
             elif kind == "s":
                 assert isinstance(task.op, SourceOp)
                 src = task.op
-                if src.pos >= len(src.items):
+                if src.state["pos"] >= len(src.items):
                     self.note(f"end {a}")
                     task.end_outputs()
                 else:
                     batch = src.read(self.rng.randint(1, self.batch))
                     self.note(f"emit {a} {batch}")
-                    task.emit([(0, src.key(r), r) for r in batch])
+                    task.emit([(0, r if isinstance(r, int) else r[0], r) for r in batch])
             elif kind == "c":
                 msg = self.to_task[a].popleft()
                 self.note(f"control {a} {msg}")
@@ -699,6 +699,8 @@ class Sim:
                 raise SimFailure(f"no termination within {MAX_STEPS} steps")
             self.step()
         self.check_final()
+        self.stats.update(crashes=self.crashes, completed=len(self.completed), steps=self.steps,
+                          aborted=len(self.coord.stats.aborted))
         return self.digest.hexdigest()
 
 
