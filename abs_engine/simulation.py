@@ -13,7 +13,11 @@ are FIFO per task and direction. Each step the scheduler picks one enabled event
 the head of a channel whose consumer may read it (not blocked by alignment, not held by the
 back-edge log), let a source emit a batch (or end), deliver the head of a control
 connection (which reorders messages of different tasks at random), advance the fake clock
-and poll the coordinator, or crash. A crash is a global failover: everything in flight and
+and poll the coordinator, or crash (also, in some seeds, right after a checkpoint
+completes, like chaos.on_checkpoint). Half the seeds weight channels and connections
+unevenly (buggify: barriers overtake, checkpoints pile up, acks come late); each seed
+also draws its input, batch sizes, checkpoint interval, timeout, max in flight, retained
+checkpoints and up to 3 crashes. A crash is a global failover: everything in flight and
 every task's memory is lost; the newest checkpoint latest_valid() returns is restored
 (state, source offsets, back-edge logs replayed before new input), orphans are removed and
 a new coordinator starts with the next id after those on disk. A sink's output (the
@@ -33,7 +37,10 @@ Invariants checked (a violation raises SimFailure; the CLI prints a reproduction
 - the coordinator answers no acknowledgement UNKNOWN or DUPLICATE; a finished task gets no
   records; no record arrives on a back-edge after EndLoop (LoopNotQuiet);
 - recovery restores the newest checkpoint ever completed;
-- the run terminates (a step budget) and never gets stuck with nothing to do.
+- the run terminates (a step budget) and never gets stuck with nothing to do. When
+  nothing is enabled the clock jumps to coordinator.deadline(), at most 0.1 s, as the
+  real driver's select timeout does (deadline() is None once every task has finished
+  although poll() would trigger the final checkpoint).
 
 Simplifications versus the real runtime: a task is one operator (no chains); an operator
 routes each output record to a port (the cycle's step task sends a record round the loop
@@ -458,7 +465,15 @@ class Sim:
         self.timeout = rng.choice((80, 200, 10_000)) * step_time
         self.crash_p = rng.choice((0.0, 0.003, 0.01, 0.03))
         self.crashes_left = rng.randint(0, 3)
+        self.crash_after_complete = rng.choice((0.0, 0.0, 0.3))  #: like chaos.on_checkpoint
         retain = rng.choice((1, 2, 3))
+        # Half the seeds favour some channels and connections and starve others ("buggify"):
+        # barriers overtake, checkpoints pile up, acks come late.
+        skew = (0.05, 1.0, 1.0, 8.0) if rng.random() < 0.5 else (1.0,)
+        keys = [("d", p, c) for p, c, _ in self.topo.channels] + [
+            (k, t, "") for t in self.topo.kinds for k in "sca"]
+        self.weights = {k: rng.choice(skew) for k in keys}
+        self.crash_next = False
         self.storage: Storage = MemoryStorage(retain) if storage == "memory" else DiskStorage(root or "", retain)
         self.sources = [t for t, k in self.topo.kinds.items() if k == "source"]
         self.inputs: dict[str, list[Any]] = {}
@@ -587,6 +602,7 @@ class Sim:
         self.storage.verify(cid)
         self.completed.append(cid)
         self.note(f"completed {cid} final={meta.final}")
+        self.crash_next = self.rng.random() < self.crash_after_complete
         states: dict[str, Any] = {}
         logged: list[Any] = []
         for t, e in meta.tasks.items():
@@ -660,12 +676,13 @@ class Sim:
     def step(self) -> None:
         ev = self.enabled()
         r = self.rng.random()
-        if self.crashes_left > 0 and r < self.crash_p:
+        if self.crashes_left > 0 and (r < self.crash_p or self.crash_next):
+            self.crash_next = False
             self.crash()
         elif not ev or r < self.crash_p + self.tick_p:
             self.tick(jump=not ev)
         else:
-            kind, a, b = self.rng.choice(ev)
+            kind, a, b = self.rng.choices(ev, [self.weights[e] for e in ev])[0]
             task = self.tasks[a if kind != "d" else b]
             if kind == "d":
                 frame = self.chans[(a, b)].popleft()
