@@ -12,12 +12,13 @@ import cloudpickle
 import pytest
 
 from abs_engine import Dataflow, InputError, JobFailed
-from abs_engine.testing import RandomKills, fastest_run
+from abs_engine.testing import KillOnCheckpoints, fastest_run
 from operators import FileSink
 from operators.base import OperatorContext
 from operators.parquet import ParquetSink
 from operators.spark import SourceChangedError, SparkSource
 from operators.spark_stream import SparkStreamSource
+from tests.chaos_checks import assert_each_kill_restored
 from tests.conftest import batch_word_count_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -47,14 +48,14 @@ def wordcount(source, sink, parallelism=2) -> Dataflow:
 @pytest.mark.parametrize("parallelism", [1, 2])
 def test_wordcount_through_spark_with_sigkills_is_exact(spark, text_dir, tmp_path, parallelism):
     golden = str(tmp_path / "golden.tsv")
-    golden_s = warm_golden(lambda: wordcount(SparkSource.text(text_dir, spark=spark), FileSink(golden), parallelism))
+    warm_golden(lambda: wordcount(SparkSource.text(text_dir, spark=spark), FileSink(golden), parallelism))
     expected = batch_word_count_dir(text_dir)
     assert counts_file(golden) == expected
     out = str(tmp_path / "killed.tsv")
     src = SparkSource.text(text_dir, spark=spark)
-    chaos = RandomKills.uniform(3, within=0.6 * golden_s, seed=parallelism, start=0.1)
+    chaos = KillOnCheckpoints([1, 2, 3], seed=parallelism)
     res = wordcount(src, FileSink(out), parallelism).run(checkpoint_interval=0.05, chaos=chaos, restart_delay=0)
-    assert res.kills == 3
+    assert_each_kill_restored(res, chaos, min_kills=1)
     assert counts_file(out) == expected
     assert src.delivered_rows() >= sum(1 for n in os.listdir(text_dir) for _ in open(os.path.join(text_dir, n)))
 
@@ -113,9 +114,9 @@ def test_streaming_source_counts_each_batch_once_under_kills(spark, text_dir, tm
     sdf = spark.readStream.option("maxFilesPerTrigger", 1).text(text_dir)
     src = SparkStreamSource(sdf, tmp_path / "staging", available_now=True)
     out = str(tmp_path / "out.tsv")
-    res = wordcount(src, FileSink(out)).run(
-        checkpoint_interval=0.05, chaos=RandomKills([0.8, 1.6], seed=1), restart_delay=0)
-    assert res.kills >= 1
+    chaos = KillOnCheckpoints([1, 2], seed=1)
+    res = wordcount(src, FileSink(out)).run(checkpoint_interval=0.05, chaos=chaos, restart_delay=0)
+    assert_each_kill_restored(res, chaos, min_kills=1)
     assert counts_file(out) == batch_word_count_dir(text_dir)
 
 
@@ -148,11 +149,10 @@ def test_parquet_sink_after_crashes_equals_uninterrupted_output(spark, text_dir,
             ParquetSink(path, columns=["word", "count"]), parallelism=2)
         return f
 
-    golden_s = warm_golden(lambda: flow(str(tmp_path / "golden")))
-    res = flow(str(tmp_path / "killed")).run(
-        checkpoint_interval=0.05, chaos=RandomKills.uniform(3, within=0.6 * golden_s, seed=5, start=0.1),
-        restart_delay=0)
-    assert res.kills == 3
+    flow(str(tmp_path / "golden")).run(mode="none")
+    chaos = KillOnCheckpoints([1, 2, 3], seed=5)
+    res = flow(str(tmp_path / "killed")).run(checkpoint_interval=0.05, chaos=chaos, restart_delay=0)
+    assert_each_kill_restored(res, chaos, min_kills=1)
 
     def read(p):
         return sorted(tuple(r) for r in spark.read.parquet(p).collect())
