@@ -2,8 +2,10 @@
 
 Invariants:
 - No pickle: channel frames, control messages and checkpoint files are msgpack only.
-- msgpack arrays decode as tuples (hashable, so they can be keys): a list a user emits
-  arrives downstream as a tuple. Maps may have non-string keys.
+- In records (``unpack``) msgpack arrays decode as tuples (hashable, so they can be keys):
+  a list a user emits arrives downstream as a tuple. In operator state (``unpack_state``)
+  arrays decode as lists, as the operator snapshotted them, except map keys (tuples).
+  Maps may have non-string keys.
 - A frame on the wire is ``!IB`` (payload length, kind) followed by the payload.
 - A reader refuses a frame whose header announces more than its ``max_frame`` bytes before
   it buffers the payload (ProtocolError(FRAME_TOO_LARGE)); writers split record batches so
@@ -34,7 +36,8 @@ class FrameKind:
 
 
 def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
 
 
 def unpack(data: bytes | memoryview) -> Any:
@@ -46,7 +49,7 @@ def frame(kind: int, payload: bytes = b"") -> bytes:
 
 
 def records_frame(batch: list[Any]) -> bytes:
-    payload = msgpack.packb(batch, use_bin_type=True)
+    payload: bytes = msgpack.packb(batch, use_bin_type=True)
     return HEADER.pack(len(payload), FrameKind.RECORDS) + payload
 
 

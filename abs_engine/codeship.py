@@ -17,14 +17,16 @@ from .graph import LogicalGraph
 
 def ship(graph: LogicalGraph) -> bytes:
     """The operator templates and key functions of every node, for the workers."""
-    return cloudpickle.dumps(
+    blob: bytes = cloudpickle.dumps(
         {
             "ops": {n.name: n.template for n in graph.nodes.values()},
             "keys": {n.name: n.key_fn for n in graph.nodes.values()},
         }
     )
+    return blob
 
 
 def load(blob: bytes) -> dict[str, Any]:
     """On a worker: the {"ops": ..., "keys": ...} tables the driver shipped (Deploy.code)."""
-    return cloudpickle.loads(blob)
+    tables: dict[str, Any] = cloudpickle.loads(blob)
+    return tables

@@ -126,7 +126,7 @@ def validate(graph: LogicalGraph, g: nx.DiGraph) -> None:
 
 
 def resolve_partition(g: nx.DiGraph, u: str, v: str) -> Partition:
-    p = g.edges[u, v]["partition"]
+    p: Partition | None = g.edges[u, v]["partition"]
     if p is not None:  # explicit, and always HASH into a keyed operator (validate() checks)
         return p
     if g.nodes[u]["parallelism"] == g.nodes[v]["parallelism"]:

@@ -34,7 +34,10 @@ class OperatorContext:
         """Hold this around every change a sink makes to its output (publish, truncate,
         delete): it excludes other writers and raises abs_engine.errors.FencedOut if this
         process belongs to an attempt that a newer one has replaced."""
-        return self.fence.hold() if self.fence is not None else contextlib.nullcontext()  # type: ignore[no-any-return]
+        if self.fence is None:
+            return contextlib.nullcontext()
+        guard: ContextManager[None] = self.fence.hold()
+        return guard
 
 
 ON_ERROR = ("fail", "skip")

@@ -227,7 +227,8 @@ class SparkSource(Source):
             return []
         self.rows += batch.num_rows
         if self.column is not None:
-            return batch.column(0).to_pylist()
+            values: list[Any] = batch.column(0).to_pylist()
+            return values
         return list(zip(*(c.to_pylist() for c in batch.columns)))
 
     def _close(self) -> None:

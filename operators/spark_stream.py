@@ -153,7 +153,8 @@ class SparkStreamSource(Source):
             self.next_id += self.ctx.parallelism
             self.rows = 0
         if chunk.num_columns == 1:
-            return chunk.column(0).to_pylist()
+            values: list[Any] = chunk.column(0).to_pylist()
+            return values
         return list(zip(*(c.to_pylist() for c in chunk.columns)))
 
     def snapshot(self, checkpoint_id: int) -> Any:

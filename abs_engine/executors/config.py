@@ -22,7 +22,7 @@ class JobConfig:
     restart_attempts / restart_delay: fixed-delay restart strategy; a job that fails more than
         ``restart_attempts`` times fails with the last error.
     progress: print a progress line to stderr about once a second.
-    chaos: failure injection for tests (see abs_engine.testing.RandomKills).
+    chaos: failure injection for tests (abs_engine.testing.KillOnCheckpoints, RandomKills).
     stop_when: called with the running JobResult about every 0.1 s; when it returns True the
         job is cancelled (workers killed) and run() returns with ``cancelled=True``. For jobs
         that never end on their own (unbounded sources, loops that never drain).

@@ -150,7 +150,8 @@ class LocalExecutor:
     def _run(self) -> JobResult:
         cfg = self.config
         temp = cfg.checkpoint_dir is None
-        ckdir = tempfile.mkdtemp(prefix="abs-engine-ckpt-") if temp else os.path.abspath(cfg.checkpoint_dir)
+        ckdir = (tempfile.mkdtemp(prefix="abs-engine-ckpt-") if cfg.checkpoint_dir is None
+                 else os.path.abspath(cfg.checkpoint_dir))
         os.makedirs(ckdir, exist_ok=True)
         self.result.checkpoint_dir = ckdir
         # Held for the life of the job: a second job, or a second --resume, is refused.
@@ -237,6 +238,7 @@ class LocalExecutor:
         env = worker_env()
         workers: dict[str, Worker] = {}
         secret = auth.new_secret()  # this attempt's: workers of older attempts do not know it
+        self.consecutive_expired = 0
         token = f"{self.job_id}/{self.run_nonce}/{gen}"
         killed = fence.advance(storage.root, token)
         if killed:

@@ -204,7 +204,9 @@ class Task:
     # ---- checkpoints ------------------------------------------------------------------
 
     def _all_operators(self) -> list[tuple[str, Any]]:
-        head = [(self.source_name, self.source)] if self.source is not None else []
+        head: list[tuple[str, Any]] = []
+        if self.source is not None:
+            head.append((self.source_name or "source", self.source))
         return head + list(zip(self.op_names, self.ops))
 
     def _snapshot(self, checkpoint_id: int, forward: bool = True) -> None:

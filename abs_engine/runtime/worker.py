@@ -67,15 +67,16 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
         return OperatorContext(name, spec.index, spec.parallelism, generation, restored, fence)
 
     names = list(chain.operators)
-    source = None
-    source_name = None
+    source: Any = None
+    source_name: str | None = None
     if chain.is_source:
         source_name = names.pop(0)
         source = templates[source_name]
     ops = [templates[n] for n in names]
-    current = source_name or (names[0] if names else task_id)
+    current: str = source_name or (names[0] if names else task_id)
+    head: list[tuple[str, Any]] = [(source_name, source)] if source_name is not None else []
     try:
-        if source is not None:
+        if source_name is not None:
             current = source_name
             source.open(ctx(source_name))
         for n, op in zip(names, ops):
@@ -88,13 +89,13 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
             states, restored_finished = snap.states, snap.finished
             for records in snap.logs.values():
                 replay += records
-            for n, op in ([(source_name, source)] if source is not None else []) + list(zip(names, ops)):
+            for n, op in head + list(zip(names, ops)):
                 current = n
                 if n in states:
                     op.restore(states[n])
             if deploy.restore_final:
                 # The final checkpoint completed: commit what it holds (idempotent) and stop.
-                for n, op in ([(source_name, source)] if source is not None else []) + list(zip(names, ops)):
+                for n, op in head + list(zip(names, ops)):
                     current = n
                     op.notify_checkpoint_complete(deploy.restore["checkpoint_id"])
                 control.send(messages.Committed(task_id))
@@ -104,7 +105,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     except Exception as e:
         raise OperatorFailure(current) from e
 
-    tail = names[-1] if names else source_name
+    tail = names[-1] if names else (source_name or task_id)
     outputs: list[Output] = []
     connect_error: list[BaseException] = []
 

@@ -114,6 +114,7 @@ def test_timed_out_checkpoints_around_loops_neither_hang_nor_lose_records(tmp_pa
     t0 = time.monotonic()
     res = skew_loops(sink, n, parallelism).run(
         checkpoint_interval=0.05, checkpoint_timeout=0.5, restart_delay=0, checkpoint_dir=str(tmp_path / "ck"),
+        tolerable_failed_checkpoints=None,  # this test is about timeouts that do not fail the job over
         stop_when=lambda r: time.monotonic() - t0 > 60)
     assert not res.cancelled, "hung"
     assert res.restarts == 1
