@@ -138,3 +138,42 @@ def server_handshake(sock: socket.socket, secret: bytes, timeout: float = HANDSH
     assert proof is not None
     sock.sendall(proof)
     return hs.rest
+
+
+class Incoming:
+    """An accepted connection on its way to its first frame, for a selector loop: the
+    handshake first (reading no more than it needs), then one frame read with a bound.
+
+    ``start()`` sends the challenge; call ``on_readable()`` whenever the socket is readable:
+    it returns the first frame once there is one, None until then, and raises ProtocolError
+    (or OSError) if the peer fails, closes or breaks the protocol: drop the connection then.
+    ``reader`` keeps whatever arrived after that frame."""
+
+    __slots__ = ("sock", "hs", "reader")
+
+    def __init__(self, sock: socket.socket, secret: bytes, max_frame: int, timeout: float = HANDSHAKE_TIMEOUT):
+        from .codec import FrameReader
+
+        self.sock = sock
+        self.hs = ServerHandshake(secret, timeout)
+        self.reader = FrameReader(max_frame)
+
+    def start(self) -> None:
+        self.sock.send(self.hs.challenge)  # 36 bytes into an empty socket buffer
+
+    def on_readable(self) -> tuple[int, bytes] | None:
+        if not self.hs.done:
+            data = self.sock.recv(self.hs.wanted())
+            if not data:
+                raise ProtocolError(ProtocolErrorReason.CLOSED, "the peer closed the connection during the handshake")
+            proof = self.hs.feed(data)
+            if proof is None:
+                return None
+            self.sock.sendall(proof)
+            data = self.hs.rest
+        else:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ProtocolError(ProtocolErrorReason.CLOSED, "the peer closed the connection before its first frame")
+        self.reader.feed(data)
+        return self.reader.next_frame()

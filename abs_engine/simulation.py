@@ -226,7 +226,9 @@ class SinkOp(Op):
 
     def restore(self, state: Any) -> None:
         self.published = state["published"]
-        self.pending = [(int(e), tuple(recs)) for e, recs in state["pending"]]
+        # State decodes arrays as lists (codec.unpack_state); records are tuples.
+        self.pending = [(int(e), tuple(tuple(r) if isinstance(r, list) else r for r in recs))
+                        for e, recs in state["pending"]]
         if self.transactional:
             del self.output[self.published :]
             self._publish(None)

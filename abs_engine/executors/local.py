@@ -93,14 +93,6 @@ class Worker:
     last_heard: float = field(default_factory=time.monotonic)
 
 
-@dataclass
-class _Handshaking:
-    """A connection to the driver's port that has not proven the attempt's secret yet."""
-
-    hs: auth.ServerHandshake
-    reader: codec.FrameReader = field(default_factory=lambda: codec.FrameReader(codec.MAX_CONTROL_FRAME))
-
-
 def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     seed = env.get("PYTHONHASHSEED")
@@ -285,7 +277,7 @@ class LocalExecutor:
         dropped without failing anything."""
         deadline = time.monotonic() + self.config.startup_timeout
         peers: dict[str, tuple[str, int]] = {}
-        pending: dict[socket.socket, _Handshaking] = {}
+        pending: dict[socket.socket, auth.Incoming] = {}
         sel = selectors.DefaultSelector()
         sel.register(listener, selectors.EVENT_READ, None)
 
@@ -309,9 +301,9 @@ class LocalExecutor:
                     if key.data is None:
                         sock, _ = listener.accept()
                         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                        conn = _Handshaking(auth.ServerHandshake(secret))
+                        conn = auth.Incoming(sock, secret, codec.MAX_CONTROL_FRAME)
                         try:
-                            sock.sendall(conn.hs.challenge)
+                            conn.start()
                         except OSError:
                             sock.close()
                             continue
@@ -321,23 +313,7 @@ class LocalExecutor:
                     sock = key.data
                     conn = pending[sock]
                     try:
-                        if not conn.hs.done:
-                            data = sock.recv(conn.hs.wanted())
-                            if not data:
-                                drop(sock)
-                                continue
-                            proof = conn.hs.feed(data)
-                            if proof is None:
-                                continue
-                            sock.sendall(proof)
-                            data = conn.hs.rest
-                        else:
-                            data = sock.recv(1 << 16)
-                            if not data:
-                                drop(sock)
-                                continue
-                        conn.reader.feed(data)
-                        frame = conn.reader.next_frame()
+                        frame = conn.on_readable()
                         if frame is None:
                             continue
                         msg = messages.decode(frame[1])

@@ -103,17 +103,6 @@ class InputChannel:
 HELLO_MAX = 4096  #: a HELLO frame carries one channel id
 
 
-class _Pending:
-    """An accepted connection on its way to becoming an input: handshake, then HELLO."""
-
-    __slots__ = ("sock", "hs", "reader")
-
-    def __init__(self, sock: socket.socket, secret: bytes):
-        self.sock = sock
-        self.hs = auth.ServerHandshake(secret)
-        self.reader = codec.FrameReader(max_frame=HELLO_MAX)
-
-
 def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: bytes,
                   timeout: float) -> dict[str, InputChannel]:
     """Accept one authenticated connection per expected channel id; each opens with a
@@ -122,11 +111,11 @@ def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: by
     at ``timeout`` are an error."""
     channels: dict[str, InputChannel] = {}
     deadline = time.monotonic() + timeout
-    pending: dict[socket.socket, _Pending] = {}
+    pending: dict[socket.socket, auth.Incoming] = {}
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, None)
 
-    def drop(p: _Pending) -> None:
+    def drop(p: auth.Incoming) -> None:
         sel.unregister(p.sock)
         del pending[p.sock]
         p.sock.close()
@@ -144,9 +133,9 @@ def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: by
                 if key.data is None:
                     sock, _ = listener.accept()
                     sock.setblocking(False)
+                    p = auth.Incoming(sock, secret, HELLO_MAX)
                     try:
-                        p = _Pending(sock, secret)
-                        sock.send(p.hs.challenge)  # 36 bytes into an empty socket buffer
+                        p.start()
                     except OSError:
                         sock.close()
                         continue
@@ -155,27 +144,9 @@ def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: by
                     continue
                 p = key.data
                 try:
-                    if not p.hs.done:
-                        data = p.sock.recv(p.hs.wanted())
-                        if not data:
-                            drop(p)
-                            continue
-                        proof = p.hs.feed(data)
-                        if proof is None:
-                            continue
-                        p.sock.send(proof)
-                        p.reader.feed(p.hs.rest)
-                        if (frame := p.reader.next_frame()) is None:
-                            continue
-                    else:
-                        data = p.sock.recv(HELLO_MAX)
-                        if not data:
-                            drop(p)
-                            continue
-                        p.reader.feed(data)
-                        frame = p.reader.next_frame()
-                        if frame is None:
-                            continue
+                    frame = p.on_readable()
+                    if frame is None:
+                        continue
                     kind, payload = frame
                     cid = codec.unpack(payload) if kind == codec.FrameKind.HELLO else None
                 except (OSError, ProtocolError, ValueError):
