@@ -681,15 +681,20 @@ class CheckpointStorage:
         self._snapshots(checkpoint_id, meta)
         return meta
 
-    def latest_valid(self, fingerprint: str | None = None,
-                     job_id: str | None = None) -> tuple[Metadata | None, list[CheckpointError]]:
+    def latest_valid(self, fingerprint: str | None = None, job_id: str | None = None,
+                     unusable: dict[int, str] | None = None) -> tuple[Metadata | None, list[CheckpointError]]:
         """The newest checkpoint that passes verification; the errors of those skipped.
 
         With ``job_id``, a checkpoint taken by another job (a different, non-empty job id)
         is skipped with FOREIGN_JOB. With ``fingerprint``, the newest valid checkpoint of
-        another plan shape raises PLAN_MISMATCH."""
+        another plan shape raises PLAN_MISMATCH. ``unusable`` (id -> why) are skipped too:
+        checkpoints a worker already failed to restore."""
         skipped: list[CheckpointError] = []
         for cid in reversed(self.completed_ids()):
+            if unusable and cid in unusable:
+                skipped.append(CheckpointError(_R.CORRUPT_STATE, f"checkpoint {cid} could not be restored: "
+                                               f"{unusable[cid]}", cid))
+                continue
             try:
                 meta = self.verify(cid)
             except CheckpointError as e:

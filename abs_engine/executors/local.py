@@ -117,6 +117,9 @@ class LocalExecutor:
         #: (operator, record digest) of failures seen: the same again after a restart is a poison record.
         self.failed_records: set[tuple[str | None, str]] = set()
         self.consecutive_expired = 0
+        #: Checkpoints a worker failed to read back (changed after the driver verified them):
+        #: the next attempt falls back to an older one instead of retrying the same.
+        self.unusable: dict[int, str] = {}
 
     # ---- the job --------------------------------------------------------------------------
 
@@ -173,7 +176,8 @@ class LocalExecutor:
         attempt = 0
         try:
             while True:
-                meta, skipped = storage.latest_valid(self.fingerprint, job_id=self.job_id or None)
+                meta, skipped = storage.latest_valid(self.fingerprint, job_id=self.job_id or None,
+                                                     unusable=self.unusable)
                 if not self.job_id:
                     self.job_id = (meta.job_id if meta is not None and meta.job_id else uuid.uuid4().hex[:16])
                     self.result.job_id = self.job_id
@@ -194,6 +198,8 @@ class LocalExecutor:
                     return
                 except WorkerFailure as f:
                     self.result.failures.append(str(f))
+                    if f.operator == "<restore>" and meta is not None:
+                        self.unusable[meta.checkpoint_id] = _error_line(f.traceback) or str(f)
                     repeat = bool(f.digest) and (f.operator, f.digest) in self.failed_records
                     if f.digest:
                         self.failed_records.add((f.operator, f.digest))

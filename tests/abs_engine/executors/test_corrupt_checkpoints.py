@@ -12,7 +12,8 @@ import pytest
 
 from abs_engine import Dataflow
 from abs_engine.checkpoint.storage import METADATA, CheckpointStorage
-from operators import FileSink, TextFileSource
+from abs_engine.testing import CapturingSink
+from operators import FileSink, Source, TextFileSource
 from tests.abs_engine.executors.test_recovery import as_counts, output_lines
 from tests.conftest import batch_word_count
 
@@ -75,3 +76,49 @@ def test_corrupt_latest_checkpoint_falls_back(medium_corpus, tmp_path, how):
     assert any(f"checkpoint {chaos.damaged}" in s for s in res.skipped_checkpoints), res.skipped_checkpoints
     assert res.restored_from and res.restored_from[0] < chaos.damaged
     assert as_counts(output_lines(out)) == batch_word_count(medium_corpus)
+
+
+class Ticks(Source):
+    """0, 1, 2, ... without end (a job stopped by stop_when)."""
+
+    def open(self, ctx):
+        super().open(ctx)
+        self.n = 0
+
+    def read_batch(self):
+        batch = list(range(self.n, self.n + 100))
+        self.n += 100
+        return batch
+
+    def snapshot(self, checkpoint_id):
+        return self.n
+
+    def restore(self, state):
+        self.n = int(state)
+
+
+def test_a_checkpoint_a_worker_cannot_read_back_is_skipped_not_retried(tmp_path, monkeypatch):
+    """The newest checkpoint changes after the driver verified it (simulated by a driver
+    whose verification only reads metadata): the worker's own check fails the restore, and
+    the next attempt falls back to the checkpoint before it instead of retrying the same."""
+    ck = str(tmp_path / "ck")
+
+    def flow() -> Dataflow:
+        f = Dataflow("ticks")
+        f.source(Ticks(), name="ticks").sink(CapturingSink(tmp_path / "out"))
+        return f
+
+    flow().run(checkpoint_interval=0.05, checkpoint_dir=ck, stop_when=lambda r: r.checkpoints_completed >= 3)
+    storage = CheckpointStorage(ck)
+    newest = storage.completed_ids()[-1]
+    meta = storage.verify(newest)
+    path = os.path.join(storage.dir_of(newest), meta.tasks["ticks#0"].file)
+    with open(path, "r+b") as f:
+        f.seek(0)
+        f.write(b"\x00\x01")
+    monkeypatch.setattr(CheckpointStorage, "verify", CheckpointStorage.load_metadata)
+    res = flow().run(checkpoint_interval=0.05, checkpoint_dir=ck, resume=True, restart_delay=0,
+                     stop_when=lambda r: r.checkpoints_completed >= 1)
+    assert res.restored_from[0] == newest and res.restored_from[1] < newest, res.restored_from
+    assert res.restarts == 1
+    assert any(f"checkpoint {newest} could not be restored" in s for s in res.skipped_checkpoints)
