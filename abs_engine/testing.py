@@ -128,6 +128,16 @@ def _current_attempt() -> int:
     return int(os.environ.get("ABS_ENGINE_ATTEMPT", "0"))
 
 
+def _kill_one(rng: random.Random, pids: dict[str, int]) -> str | None:
+    """SIGKILL a worker picked by ``rng``; the task killed, or None if it was already gone."""
+    task = rng.choice(sorted(pids))
+    try:
+        os.kill(pids[task], signal.SIGKILL)
+    except ProcessLookupError:
+        return None
+    return task
+
+
 class RandomKills:
     """SIGKILL a random live worker at each moment in ``times`` (seconds after job start)."""
 
@@ -149,12 +159,9 @@ class RandomKills:
         if not self.times or elapsed < self.times[0] or not pids:
             return None
         self.times.pop(0)
-        task = self.rng.choice(sorted(pids))
-        try:
-            os.kill(pids[task], signal.SIGKILL)
-        except ProcessLookupError:
-            return None
-        self.killed.append(task)
+        task = _kill_one(self.rng, pids)
+        if task is not None:
+            self.killed.append(task)
         return task
 
 
@@ -187,10 +194,8 @@ class KillOnCheckpoints:
         self.seen += 1
         if self.seen not in self.after or not pids:
             return None
-        task = self.rng.choice(sorted(pids))
-        try:
-            os.kill(pids[task], signal.SIGKILL)
-        except ProcessLookupError:
+        task = _kill_one(self.rng, pids)
+        if task is None:
             return None
         self.killed.append(task)
         self.killed_after.append(checkpoint_id)

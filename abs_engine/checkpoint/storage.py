@@ -277,22 +277,6 @@ def _verified_blob(chk_fd: int, shown_dir: str, task: str, name: str, size: int,
     return data
 
 
-def verify_state_file(chk_dir: str, name: str, size: int, sha256: str,
-                      checkpoint_id: int | None = None) -> bytes:
-    """The bytes of a state file in the checkpoint directory ``chk_dir``, read with every
-    check of ``read_checked`` and then compared with the recorded sha256
-    (CHECKSUM_MISMATCH)."""
-    data = read_checked(chk_dir, name, size, MAX_STATE_FILE, checkpoint_id)
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise CheckpointError(
-            _R.CHECKSUM_MISMATCH,
-            f"state file {os.path.join(chk_dir, name)} fails its checksum (sha256 differs): it was damaged "
-            "after the checkpoint was taken; the checkpoint is unusable",
-            checkpoint_id,
-        )
-    return data
-
-
 # ---- metadata -----------------------------------------------------------------------------
 
 

@@ -967,15 +967,15 @@ def test_load_task_snapshot_for_workers(storage, tmp_path):
     assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
 
 
-def test_read_checked_and_verify_state_file(storage, tmp_path):
-    from abs_engine.checkpoint.storage import read_checked, verify_state_file
+def test_read_checked_and_load_task_snapshot(storage, tmp_path):
+    from abs_engine.checkpoint.storage import load_task_snapshot, read_checked
 
     meta = make_checkpoint(storage, 1)
     e = meta.tasks["read#0"]
     d = storage.dir_of(1)
     assert len(read_checked(d, e.file, e.size, 1 << 20)) == e.size
     assert len(read_checked(d, e.file, None, 1 << 20)) == e.size
-    assert verify_state_file(d, e.file, e.size, e.sha256) == read_checked(d, e.file, None, 1 << 20)
+    assert load_task_snapshot(storage.root, 1, e.file, e.size, e.sha256).states == storage.read_state(1, "read#0")
     with pytest.raises(CheckpointError) as ei:
         read_checked(d, e.file, None, e.size - 1)
     assert ei.value.reason is CheckpointErrorReason.TOO_LARGE
@@ -986,7 +986,7 @@ def test_read_checked_and_verify_state_file(storage, tmp_path):
         read_checked(d, "..", None, 1 << 20)
     assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
     with pytest.raises(CheckpointError) as ei:
-        verify_state_file(d, e.file, e.size, "f" * 64)
+        load_task_snapshot(storage.root, 1, e.file, e.size, "f" * 64)
     assert ei.value.reason is CheckpointErrorReason.CHECKSUM_MISMATCH
 
 
