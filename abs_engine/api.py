@@ -18,7 +18,7 @@ from .errors import GraphError, GraphErrorReason
 from .graph import Edge, LogicalGraph, Node, NodeKind, Partition
 
 if TYPE_CHECKING:
-    from .executors.local import JobResult
+    from .executors.config import JobResult
     from .plan import Plan
 
 
@@ -100,8 +100,9 @@ class Dataflow:
         return explain(self.compile())
 
     def run(self, **config: Any) -> "JobResult":
-        """Run on the embedded executor; see executors.local.JobConfig for the options."""
-        from .executors.local import JobConfig, run_job
+        """Run the job; see executors.config.JobConfig for the options (``executor=`` picks
+        who starts the workers)."""
+        from .executors.master import JobConfig, run_job
 
         return run_job(self, JobConfig(**config))
 

@@ -7,7 +7,7 @@ latest_valid / prune / remove_orphans_after logic -- are driven by a scheduler s
 seed always gives the same trace. Run ``python3 -m abs_engine.simulation --seeds 100000``.
 
 Model. Tasks mirror runtime/task.py (_on_frame, _snapshot, on_control, _maybe_finish,
-EndLoop) and the driver mirrors executors/local.py (_on_message, the failover in
+EndLoop) and the driver mirrors executors/master.py (_on_message, the failover in
 _attempts). Data channels are FIFO queues per (producer, consumer); control connections
 are FIFO per task and direction. Each step the scheduler picks one enabled event: deliver
 the head of a channel whose consumer may read it (not blocked by alignment, not held by the
@@ -519,7 +519,7 @@ class Sim:
             return StepOp()
         return SinkOp(self.output, transactional=self.bug != "non-transactional-sink")
 
-    # ---- attempts and failover (executors/local.py: _attempts, worker.py: restore) ----
+    # ---- attempts and failover (executors/master.py: _attempts, worker.py: restore) ----
     def start_attempt(self) -> None:
         self.chans: dict[tuple[str, str], deque[Frame]] = {(p, c): deque() for p, c, _ in self.topo.channels}
         self.back_of = {(p, c): back for p, c, back in self.topo.channels}
@@ -572,7 +572,7 @@ class Sim:
         self.note(f"crash {victim}")
         self.start_attempt()
 
-    # ---- the driver (executors/local.py _on_message) ----
+    # ---- the driver (executors/master.py _on_message) ----
     def on_driver_message(self, t: str, msg: messages.Message) -> None:
         if isinstance(msg, messages.Ack):
             self.stats["logged"] += msg.logged

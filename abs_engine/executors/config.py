@@ -6,12 +6,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 MODES = ("aligned", "none", "stop-the-world")
+EXECUTORS = ("local",)
 
 
 @dataclass(frozen=True)
 class JobConfig:
     """How to run a job.
 
+    executor: who starts the workers: "local" (the default: one OS process per task on this
+        machine).
     mode: "aligned" (ABS checkpoints every ``checkpoint_interval`` seconds), "stop-the-world"
         (every interval: pause the sources, wait until counts prove nothing is in flight,
         snapshot every task, resume; the baseline ABS is measured against), or "none" (no
@@ -37,6 +40,7 @@ class JobConfig:
     """
 
     mode: str = "aligned"
+    executor: str = "local"
     checkpoint_interval: float = 1.0
     checkpoint_dir: str | None = None
     checkpoint_timeout: float = 120.0
@@ -55,6 +59,8 @@ class JobConfig:
     tolerable_failed_checkpoints: int | None = 3
 
     def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.mode != "none" and not self.checkpoint_interval > 0:

@@ -1,0 +1,603 @@
+"""The job master: drives a job whatever starts its workers (a launcher: local processes,
+the default, or Spark barrier tasks), runs the checkpoint coordinator, and recovers from
+failures.
+
+Recovery (global failover): when any worker fails (an exception, or SIGKILL at any
+moment) every worker of the attempt is killed; the newest checkpoint that passes
+verification is chosen (a corrupt one is reported and skipped); new workers restore from
+it, sources rewind to their offsets, and the job goes on, under a fixed-delay restart
+strategy. When attempts run out the job fails with the user's traceback.
+
+Trust and fencing: the driver holds an exclusive lock on the checkpoint directory for the
+life of the job; each attempt gets a fresh secret (sent to its workers on stdin) that every
+connection must prove before it is read, and a fresh fence token that every sink checks
+before it changes the output. So a stranger cannot talk to the job, and no process of an
+older attempt (or of a dead driver) can change the output or the checkpoints.
+
+Failures are classified: a failure that repeats on the same record (or the same stuck
+operator) after a restart fails the job at once (a poison record: retrying cannot help);
+errors that no retry can fix are fatal at once; others are retried by the restart strategy.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import selectors
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .. import auth, codec, codeship, messages
+from ..checkpoint import fence
+from ..checkpoint.coordinator import CheckpointCoordinator
+from ..checkpoint.lock import DirectoryLock
+from ..checkpoint.storage import CheckpointStorage, Metadata
+from ..errors import CheckpointError, CheckpointErrorReason, JobFailed, ProtocolError, ProtocolErrorReason
+from ..graph import LogicalGraph
+from ..plan import Plan
+from .config import CheckpointStat, JobConfig, JobResult
+from .launcher import Launcher, WorkerProcess
+
+if TYPE_CHECKING:
+    from ..api import Dataflow
+
+
+class JobCancelled(Exception):
+    """``stop_when`` asked to stop: the workers are killed; run() returns the result."""
+
+
+def _error_line(traceback: str | None) -> str:
+    """The exception line of a traceback ("ValueError: bad input"), shortened."""
+    lines = [ln for ln in (traceback or "").strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    last = lines[-1].strip()
+    return last if len(last) <= 300 else last[:300] + "..."
+
+
+class WorkerFailure(Exception):
+    """Why an attempt failed: the task, the operator, what happened and (when an operator
+    failed on a record) the record and its digest."""
+
+    def __init__(self, task: str, operator: str | None, detail: str, traceback: str | None = None,
+                 fatal: bool = False, record: str = "", digest: str = ""):
+        text = f"task {task}" + (f", operator {operator!r}" if operator else "") + f": {detail}"
+        error = _error_line(traceback)
+        if error and detail == "raised an exception":
+            text += f": {error}"
+        if record:
+            text += f"; record: {record}"
+        super().__init__(text)
+        self.task = task
+        self.operator = operator
+        self.traceback = traceback
+        self.fatal = fatal
+        self.record = record
+        self.digest = digest
+
+
+@dataclass
+class Worker:
+    task: str
+    proc: WorkerProcess
+    sock: socket.socket | None = None
+    reader: codec.FrameReader = field(default_factory=lambda: codec.FrameReader(codec.MAX_CONTROL_FRAME))
+    running: bool = False
+    committed: bool = False
+    last_heard: float = field(default_factory=time.monotonic)
+
+
+class JobMaster:
+    def __init__(self, graph: LogicalGraph, plan: Plan, config: JobConfig, launcher: Launcher):
+        self.graph = graph
+        self.launcher = launcher
+        self.plan = plan
+        self.config = config
+        self.code = b""  # shipped after the driver hooks ran (they may set addresses)
+        self.fingerprint = plan.fingerprint()
+        self.result = JobResult(job=plan.job)
+        self.source_tasks = [t.id for t in plan.tasks if plan.chain(t.chain).is_source]
+        self.source_progress: dict[str, int] = {}
+        self.job_id = ""  #: a fresh run's own id, or adopted from the checkpoints it resumes
+        self.run_nonce = secrets.token_hex(8)  #: this driver process's run, in fence tokens
+        #: (operator, record digest) of failures seen: the same again after a restart is a poison record.
+        self.failed_records: set[tuple[str | None, str]] = set()
+        self.consecutive_expired = 0
+        #: Checkpoints a worker failed to read back (changed after the driver verified them):
+        #: the next attempt falls back to an older one instead of retrying the same.
+        self.unusable: dict[int, str] = {}
+
+    # ---- the job --------------------------------------------------------------------------
+
+    def run(self) -> JobResult:
+        templates = [n.template for n in self.graph.nodes.values()]
+        for t in templates:
+            check = getattr(t, "check", None)
+            if check is not None:
+                check()
+        started = []
+        try:
+            for t in templates:
+                start = getattr(t, "driver_start", None)
+                if start is not None:
+                    start()
+                    started.append(t)
+            self.code = codeship.ship(self.graph)
+            return self._run()
+        finally:
+            for t in started:
+                t.driver_stop()
+
+    def _run(self) -> JobResult:
+        cfg = self.config
+        temp = cfg.checkpoint_dir is None
+        ckdir = (tempfile.mkdtemp(prefix="abs-engine-ckpt-") if cfg.checkpoint_dir is None
+                 else os.path.abspath(cfg.checkpoint_dir))
+        os.makedirs(ckdir, exist_ok=True)
+        self.result.checkpoint_dir = ckdir
+        # Held for the life of the job: a second job, or a second --resume, is refused.
+        lock = DirectoryLock(ckdir, self.plan.job)
+        lock.acquire()
+        try:
+            storage = CheckpointStorage(ckdir, cfg.retained_checkpoints)
+            if storage.completed_ids() and not cfg.resume:
+                raise CheckpointError(
+                    CheckpointErrorReason.DIRECTORY_NOT_EMPTY,
+                    f"checkpoint directory {ckdir} already holds checkpoints {storage.completed_ids()} "
+                    "of an earlier run: pass resume=True (--resume) to continue from them, or use an empty directory",
+                )
+            self.started = time.monotonic()
+            self._attempts(storage)
+            self.result.duration_s = time.monotonic() - self.started
+            return self.result
+        finally:
+            lock.release()
+            if temp:
+                shutil.rmtree(ckdir, ignore_errors=True)
+
+    def _attempts(self, storage: CheckpointStorage) -> None:
+        """Run attempts under the restart strategy until one succeeds or it gives up."""
+        cfg = self.config
+        listener = socket.create_server((cfg.host, 0), backlog=512)
+        attempt = 0
+        try:
+            while True:
+                meta, skipped = storage.latest_valid(self.fingerprint, job_id=self.job_id or None,
+                                                     unusable=self.unusable)
+                if not self.job_id:
+                    self.job_id = (meta.job_id if meta is not None and meta.job_id else uuid.uuid4().hex[:16])
+                    self.result.job_id = self.job_id
+                for err in skipped:
+                    msg = f"skipping checkpoint {err.checkpoint_id}: {err}"
+                    self.result.skipped_checkpoints.append(msg)
+                    self._log(msg)
+                storage.remove_orphans_after(meta.checkpoint_id if meta else 0)
+                if meta is not None:
+                    self.result.restored_from.append(meta.checkpoint_id)
+                next_id = max(storage.ids_on_disk(), default=0) + 1
+                try:
+                    self._attempt(attempt, listener, storage, meta, next_id)
+                    return
+                except JobCancelled:
+                    self.result.cancelled = True
+                    self._log("cancelled by stop_when")
+                    return
+                except WorkerFailure as f:
+                    self.result.failures.append(str(f))
+                    if f.operator == "<restore>" and meta is not None:
+                        self.unusable[meta.checkpoint_id] = _error_line(f.traceback) or str(f)
+                    repeat = bool(f.digest) and (f.operator, f.digest) in self.failed_records
+                    if f.digest:
+                        self.failed_records.add((f.operator, f.digest))
+                    if f.fatal or repeat or attempt >= cfg.restart_attempts:
+                        if repeat and f.digest.startswith("stuck:"):
+                            why = ("got stuck again in the same operator after a restart, so retrying cannot help "
+                                   "(raise task_timeout if the call is only slow)")
+                        elif repeat:
+                            why = ("failed again on the same record after a restart (a poison record: retrying "
+                                   "cannot help; fix the function, or pass on_error='skip' to that operator)")
+                        elif f.fatal:
+                            why = "cannot be retried"
+                        else:
+                            why = f"failed {attempt + 1} time(s), restart attempts exhausted"
+                        raise JobFailed(f"job {self.plan.job!r} {why}: {f}", f.operator, f.traceback) from None
+                    attempt += 1
+                    self.result.restarts += 1
+                    self._log(f"restarting (attempt {attempt} of {cfg.restart_attempts}) after: {f}")
+                    if cfg.restart_delay:
+                        time.sleep(cfg.restart_delay)  # the restart strategy's delay, not synchronisation
+        finally:
+            listener.close()
+
+    def _log(self, msg: str) -> None:
+        if self.config.progress:
+            print(f"[{self.plan.job}] {msg}", file=sys.stderr, flush=True)
+
+    # ---- one attempt ------------------------------------------------------------------------
+
+    def _attempt(self, gen: int, listener: socket.socket, storage: CheckpointStorage,
+                 meta: Metadata | None, next_id: int) -> None:
+        cfg = self.config
+        host, port = listener.getsockname()[:2]
+        workers: dict[str, Worker] = {}
+        secret = auth.new_secret()  # this attempt's: workers of older attempts do not know it
+        self.consecutive_expired = 0
+        token = f"{self.job_id}/{self.run_nonce}/{gen}"
+        killed = fence.advance(storage.root, token)
+        if killed:
+            self._log(f"killed stale worker(s) {killed} that held the output fence (from a dead attempt)")
+        try:
+            procs = self.launcher.start([t.id for t in self.plan.tasks], (host, port), gen, secret)
+            workers.update({t: Worker(t, p) for t, p in procs.items()})
+            peers = self._accept_hellos(listener, workers, gen, secret)
+            for t in self.plan.tasks:
+                restore = None
+                if meta is not None:
+                    e = meta.tasks[t.id]
+                    restore = {"checkpoint_id": meta.checkpoint_id, "size": e.size, "sha256": e.sha256,
+                               "root": storage.root, "file": e.file}
+                self._send(workers[t.id], messages.Deploy(
+                    self.plan.to_dict(), self.code, peers, restore,
+                    bool(meta is not None and meta.final), storage.root, token,
+                    cfg.heartbeat_interval, cfg.task_timeout))
+            self._drive(workers, storage, meta, next_id)
+        finally:
+            self.launcher.stop({t: w.proc for t, w in workers.items()}, timeout=10.0)
+            for w in workers.values():
+                if w.sock is not None:
+                    w.sock.close()
+
+    def _accept_hellos(self, listener: socket.socket, workers: dict[str, Worker], gen: int,
+                       secret: bytes) -> dict[str, tuple[str, int]]:
+        """Every worker's Hello, over connections that proved this attempt's secret first.
+        Strangers, stragglers of older attempts (another secret) and stalled handshakes are
+        dropped without failing anything."""
+        deadline = time.monotonic() + self.config.startup_timeout
+        peers: dict[str, tuple[str, int]] = {}
+        pending: dict[socket.socket, auth.Incoming] = {}
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ, None)
+
+        def drop(sock: socket.socket) -> None:
+            sel.unregister(sock)
+            pending.pop(sock, None)
+            sock.close()
+
+        try:
+            while len(peers) < len(workers):
+                self._check_alive(workers)
+                self._chaos(workers)
+                now = time.monotonic()
+                if now > deadline:
+                    missing = sorted(set(workers) - set(peers))
+                    raise WorkerFailure("*", None, f"workers {missing} did not connect within "
+                                                   f"{self.config.startup_timeout}s")
+                for sock in [s for s, h in pending.items() if h.hs.expired(now)]:
+                    drop(sock)
+                for key, _ in sel.select(timeout=0.05):
+                    if key.data is None:
+                        sock, _ = listener.accept()
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        conn = auth.Incoming(sock, secret, codec.MAX_CONTROL_FRAME)
+                        try:
+                            conn.start()
+                        except OSError:
+                            sock.close()
+                            continue
+                        pending[sock] = conn
+                        sel.register(sock, selectors.EVENT_READ, sock)
+                        continue
+                    sock = key.data
+                    conn = pending[sock]
+                    try:
+                        frame = conn.on_readable()
+                        if frame is None:
+                            continue
+                        msg = messages.decode(frame[1])
+                    except (OSError, ProtocolError) as e:
+                        if conn.hs.done:
+                            self._log(f"dropped a connection that broke the protocol after authenticating: {e}")
+                        drop(sock)
+                        continue
+                    sel.unregister(sock)
+                    del pending[sock]
+                    if isinstance(msg, messages.Failed) and msg.task in workers:
+                        raise WorkerFailure(msg.task, msg.operator, "failed at start-up", msg.traceback, msg.fatal)
+                    if not isinstance(msg, messages.Hello) or msg.generation != gen or msg.task not in workers \
+                            or msg.task in peers:
+                        sock.close()
+                        continue
+                    w = workers[msg.task]
+                    w.sock, w.reader = sock, conn.reader
+                    w.last_heard = time.monotonic()
+                    peers[msg.task] = (msg.host, msg.port)
+        finally:
+            sel.close()
+            for s in pending:
+                s.close()
+        return peers
+
+    def _send(self, w: Worker, msg: messages.Message) -> None:
+        assert w.sock is not None
+        try:
+            w.sock.sendall(messages.encode(msg))
+        except OSError:
+            self._check_alive({w.task: w})
+            raise WorkerFailure(w.task, None, "control connection lost") from None
+
+    def _check_alive(self, workers: dict[str, Worker]) -> None:
+        for w in workers.values():
+            code = w.proc.poll()
+            # Status 0 is judged on the control connection: EOF before Committed is a failure.
+            # A worker that already committed the final checkpoint has done all its work.
+            if code is not None and code != 0 and not w.committed:
+                raise self._failure_of(w, code)
+
+    def _failure_of(self, w: Worker, code: int) -> WorkerFailure:
+        """Why a dead worker died: its own Failed message (operator, user traceback, fatal)
+        if it sent one before exiting, else its exit status."""
+        if w.sock is not None:
+            try:
+                while data := w.sock.recv(1 << 20, socket.MSG_DONTWAIT):
+                    w.reader.feed(data)
+            except OSError:
+                pass
+            try:
+                while (frame := w.reader.next_frame()) is not None:
+                    m = messages.decode(frame[1])
+                    if isinstance(m, messages.Failed) and m.task == w.task and not m.operator.startswith("<"):
+                        return WorkerFailure(m.task, m.operator, "raised an exception", m.traceback, m.fatal,
+                                             m.record, m.digest)
+            except ProtocolError:
+                pass  # its last words are garbled: fall back to the exit status
+        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        return WorkerFailure(w.task, None, f"worker process {w.proc.pid or '?'} {how}")
+
+    def _chaos(self, workers: dict[str, Worker]) -> None:
+        chaos = self.config.chaos
+        if chaos is None:
+            return
+        victim = chaos.poll(time.monotonic() - self.started, _live_pids(workers))
+        if victim is not None:
+            self.result.kills += 1
+            self._log(f"chaos: SIGKILL {victim}")
+
+    def _chaos_on_checkpoint(self, checkpoint_id: int, workers: dict[str, Worker]) -> None:
+        """Chaos that kills on checkpoint events (``chaos.on_checkpoint(id, pids)``): a kill
+        after a completed checkpoint is sure to be followed by a restore from one."""
+        hook = getattr(self.config.chaos, "on_checkpoint", None)
+        if hook is None:
+            return
+        victim = hook(checkpoint_id, _live_pids(workers))
+        if victim is not None:
+            self.result.kills += 1
+            self._log(f"chaos: SIGKILL {victim} after checkpoint {checkpoint_id}")
+
+    def _drive(self, workers: dict[str, Worker], storage: CheckpointStorage, meta: Metadata | None, next_id: int) -> None:
+        cfg = self.config
+        final_restore = meta is not None and meta.final
+        coord = CheckpointCoordinator(
+            self.plan.job, self.fingerprint, list(workers), self.source_tasks, storage,
+            cfg.checkpoint_interval if cfg.mode != "none" else None,
+            cfg.checkpoint_timeout, cfg.max_concurrent_checkpoints, next_id,
+            loops=self.plan.loops(),
+            stop_the_world=cfg.mode == "stop-the-world",
+            channels=frozenset(c.id for t in self.plan.tasks for c in t.inputs),
+            job_id=self.job_id,
+        )
+        sel = selectors.DefaultSelector()
+        for w in workers.values():
+            assert w.sock is not None
+            sel.register(w.sock, selectors.EVENT_READ, w)
+            w.last_heard = time.monotonic()
+        next_progress = time.monotonic() + 1.0
+        running_deadline = time.monotonic() + cfg.startup_timeout  # restore included
+        started = False
+        try:
+            while not all(w.committed for w in workers.values()):
+                self._chaos(workers)
+                now = time.monotonic()
+                deadline = coord.deadline() if started else None
+                timeout = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
+                for key, _ in sel.select(timeout=timeout):
+                    w = key.data
+                    try:
+                        data = w.sock.recv(1 << 20)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        sel.unregister(w.sock)
+                        if w.committed:
+                            continue
+                        _await_exit(w.proc, 5.0)
+                        self._check_alive({w.task: w})
+                        raise WorkerFailure(w.task, None, "worker closed its control connection")
+                    w.last_heard = time.monotonic()
+                    try:
+                        w.reader.feed(data)
+                        while (frame := w.reader.next_frame()) is not None:
+                            msg = messages.decode(frame[1])
+                            if getattr(msg, "task", w.task) != w.task:
+                                raise ProtocolError(ProtocolErrorReason.MALFORMED,
+                                                    f"a message claims to come from task {msg.task!r}")  # type: ignore[attr-defined]
+                            self._on_message(w, msg, coord, workers)
+                    except ProtocolError as e:
+                        raise WorkerFailure(w.task, None, f"broke the control protocol ({e})") from None
+                now = time.monotonic()
+                if not started:
+                    if all(w.running for w in workers.values()):
+                        started = True
+                        coord.start()
+                    elif now > running_deadline:
+                        late = sorted(t for t, w in workers.items() if not w.running)
+                        raise WorkerFailure(late[0], None, f"tasks {late} did not restore and start within "
+                                                           f"startup_timeout={cfg.startup_timeout}s")
+                if started and not final_restore:
+                    for task, m in coord.poll():
+                        self._send(workers[task], m)
+                    self._on_expired(coord)
+                self._check_alive(workers)
+                self._check_heartbeats(workers, now)
+                if cfg.stop_when is not None and cfg.stop_when(self.result):
+                    raise JobCancelled()
+                if cfg.progress and time.monotonic() >= next_progress:
+                    next_progress = time.monotonic() + 1.0
+                    self._print_progress(coord)
+        finally:
+            sel.close()
+        if cfg.progress:
+            self._print_progress(coord)
+        self.launcher.wait_exit({t: w.proc for t, w in workers.items()}, timeout=30.0)  # exit after Committed
+
+    def _on_expired(self, coord: CheckpointCoordinator) -> None:
+        """Report expired checkpoints with the tasks they waited for; fail over after too
+        many in a row (tolerable_failed_checkpoints)."""
+        tolerable = self.config.tolerable_failed_checkpoints
+        for cid, missing in coord.expired:
+            self.result.checkpoints_expired += 1
+            self.consecutive_expired += 1
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            self._log(f"checkpoint {cid} expired after checkpoint_timeout={self.config.checkpoint_timeout:g}s; "
+                      f"not acknowledged by: {shown}")
+            if tolerable is not None and self.consecutive_expired > tolerable:
+                coord.expired.clear()
+                raise WorkerFailure(missing[0] if missing else "*", None,
+                                    f"{self.consecutive_expired} checkpoints in a row expired (more than "
+                                    f"tolerable_failed_checkpoints={tolerable}); the last, {cid}, was not "
+                                    f"acknowledged by {shown}")
+        coord.expired.clear()
+
+    def _check_heartbeats(self, workers: dict[str, Worker], now: float) -> None:
+        """A worker silent for task_timeout (no heartbeat: stopped, or stuck holding the
+        GIL) fails its task; its Python stacks go to stderr (faulthandler, SIGUSR1)."""
+        limit = self.config.task_timeout
+        if not limit:
+            return
+        for w in workers.values():
+            if w.committed or now - w.last_heard <= limit:
+                continue
+            w.proc.dump_stacks()
+            raise WorkerFailure(w.task, None, f"worker {w.proc.pid or '?'} sent nothing for {now - w.last_heard:.1f}s "
+                                              f"(task_timeout={limit:g}s): it is stopped, or stuck without "
+                                              "releasing the GIL; its Python stacks were dumped to stderr")
+
+    def _on_message(self, w: Worker, msg: messages.Message, coord: CheckpointCoordinator,
+                    workers: dict[str, Worker]) -> None:
+        if isinstance(msg, messages.Running):
+            w.running = True
+        elif isinstance(msg, messages.Progress):
+            self.source_progress[msg.task] = msg.records_in
+        elif isinstance(msg, messages.Ack):
+            outcome, meta = coord.on_ack(msg)
+            if meta is not None:
+                self.consecutive_expired = 0
+                self.result.add_checkpoint(CheckpointStat(
+                    meta.checkpoint_id, meta.duration_ms, sum(e.size for e in meta.tasks.values()),
+                    max(meta.alignment_ms.values(), default=0.0), meta.final))
+                for task, m in coord.notifications(meta):
+                    self._send(workers[task], m)
+                self._chaos_on_checkpoint(meta.checkpoint_id, workers)
+                if coord.just_drained:
+                    self._log(f"checkpoint {meta.checkpoint_id} proves loop(s) {coord.just_drained} drained: "
+                              "ending them")
+                    for task, m in coord.end_loop_messages(coord.just_drained):
+                        self._send(workers[task], m)
+        elif isinstance(msg, messages.Finished):
+            if msg.task in self.source_tasks:
+                self.source_progress[msg.task] = msg.records_in
+            for task, m in coord.on_finished(msg.task):
+                self._send(workers[task], m)
+        elif isinstance(msg, messages.Counts):
+            for task, m in coord.on_counts(msg):
+                self._send(workers[task], m)
+        elif isinstance(msg, messages.InputsEnded):
+            for task, m in coord.on_inputs_ended(msg.task):
+                self._send(workers[task], m)
+        elif isinstance(msg, messages.Committed):
+            w.committed = True
+        elif isinstance(msg, messages.Heartbeat):
+            pass  # last_heard is updated for every frame
+        elif isinstance(msg, messages.Skipped):
+            self.result.skipped_records += 1
+            if self.result.skipped_records <= 100:
+                self._log(f"operator {msg.operator!r} skipped a record (on_error='skip'): {msg.error}; "
+                          f"record: {msg.record}")
+            elif self.result.skipped_records == 101:
+                self._log("more records skipped; not shown (result.skipped_records counts them)")
+        elif isinstance(msg, messages.Failed):
+            if msg.operator.startswith("<upstream") or msg.operator == "<downstream>":
+                suspect = msg.operator[len("<upstream:"):-1] if msg.operator.startswith("<upstream:") else None
+                suspect = None if suspect in (None, "None") else suspect
+                self._root_cause(workers, exclude=msg.task, suspect=suspect)
+            detail = "raised an exception" if not msg.digest.startswith("stuck:") else "was stuck"
+            raise WorkerFailure(msg.task, msg.operator, detail, msg.traceback, msg.fatal, msg.record, msg.digest)
+
+    def _root_cause(self, workers: dict[str, Worker], exclude: str, suspect: str | None) -> None:
+        """A task lost a peer: raise the failure of the worker that really died, if any.
+
+        Its own Failed message (a user exception) wins over a bare exit status."""
+        candidates = [w for w in workers.values() if w.task != exclude and not w.committed
+                      and (suspect is None or w.task == suspect)]
+        deadline = time.monotonic() + 2.0
+        dead: list[tuple[Worker, int]] = []
+        while not dead and time.monotonic() < deadline:
+            dead = [(w, c) for w in candidates if (c := w.proc.poll()) is not None and c != 0]
+            if not dead:
+                time.sleep(0.005)  # reaping a process that is dying; bounded by the deadline
+        for w, code in dead:
+            raise self._failure_of(w, code)
+
+    def _print_progress(self, coord: CheckpointCoordinator) -> None:
+        elapsed = time.monotonic() - self.started
+        recs = sum(self.source_progress.values())
+        done = coord.stats.completed
+        last = f", last #{done[-1].checkpoint_id} took {done[-1].duration_ms:.0f} ms" if done else ""
+        self.result.source_records = max(self.result.source_records, recs)
+        print(
+            f"[{self.plan.job}] {elapsed:6.1f}s  source records {recs:,}  "
+            f"checkpoints {self.result.checkpoints_completed}{last}  restarts {self.result.restarts}",
+            file=sys.stderr, flush=True,
+        )
+
+
+def _live_pids(workers: dict[str, Worker]) -> dict[str, int]:
+    """task -> pid of the workers still running that have a pid here (for chaos)."""
+    return {t: pid for t, w in workers.items() if w.proc.poll() is None and (pid := w.proc.pid) is not None}
+
+
+def _await_exit(proc: WorkerProcess, timeout: float) -> None:
+    """Give a worker whose connection closed a moment to exit, so its status explains why
+    (polling the launcher; bounded by ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def run_job(flow: "Dataflow", config: JobConfig) -> JobResult:
+    """Compile ``flow`` and run it on the executor ``config.executor`` names."""
+    plan = flow.compile()
+    launcher = make_launcher(config)
+    try:
+        master = JobMaster(flow.graph, plan, config, launcher)
+        res = master.run()
+    finally:
+        launcher.close()
+    res.source_records = max(res.source_records, sum(master.source_progress.values()))
+    return res
+
+
+def make_launcher(config: JobConfig) -> Launcher:
+    if config.executor == "local":
+        from .local import LocalLauncher
+
+        return LocalLauncher(config.host)
+    raise ValueError(f"unknown executor {config.executor!r}")
+
+
+__all__ = ["JobMaster", "run_job", "JobConfig", "JobResult", "WorkerFailure"]
