@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 MODES = ("aligned", "none", "stop-the-world")
-EXECUTORS = ("local",)
+EXECUTORS = ("local", "spark")
 
 
 @dataclass(frozen=True)
@@ -14,7 +14,9 @@ class JobConfig:
     """How to run a job.
 
     executor: who starts the workers: "local" (the default: one OS process per task on this
-        machine).
+        machine) or "spark" (the workers run inside a Spark barrier stage on the cluster of
+        ``spark``, a SparkSession, or of the embedded local session; see executors/spark.py).
+    spark: the SparkSession of executor="spark" (None: the embedded local session).
     mode: "aligned" (ABS checkpoints every ``checkpoint_interval`` seconds), "stop-the-world"
         (every interval: pause the sources, wait until counts prove nothing is in flight,
         snapshot every task, resume; the baseline ABS is measured against), or "none" (no
@@ -41,6 +43,7 @@ class JobConfig:
 
     mode: str = "aligned"
     executor: str = "local"
+    spark: Any = None
     checkpoint_interval: float = 1.0
     checkpoint_dir: str | None = None
     checkpoint_timeout: float = 120.0

@@ -91,6 +91,7 @@ class Worker:
     running: bool = False
     committed: bool = False
     last_heard: float = field(default_factory=time.monotonic)
+    hello_pid: int | None = None  #: the pid the worker announced (it may run elsewhere)
 
 
 class JobMaster:
@@ -315,6 +316,7 @@ class JobMaster:
                         continue
                     w = workers[msg.task]
                     w.sock, w.reader = sock, conn.reader
+                    w.hello_pid = msg.pid
                     w.last_heard = time.monotonic()
                     peers[msg.task] = (msg.host, msg.port)
         finally:
@@ -568,7 +570,8 @@ class JobMaster:
 
 def _live_pids(workers: dict[str, Worker]) -> dict[str, int]:
     """task -> pid of the workers still running that have a pid here (for chaos)."""
-    return {t: pid for t, w in workers.items() if w.proc.poll() is None and (pid := w.proc.pid) is not None}
+    return {t: pid for t, w in workers.items()
+            if w.proc.poll() is None and (pid := w.proc.pid or w.hello_pid) is not None}
 
 
 def _await_exit(proc: WorkerProcess, timeout: float) -> None:
@@ -597,6 +600,10 @@ def make_launcher(config: JobConfig) -> Launcher:
         from .local import LocalLauncher
 
         return LocalLauncher(config.host)
+    if config.executor == "spark":
+        from .spark import SparkLauncher
+
+        return SparkLauncher(config.spark)
     raise ValueError(f"unknown executor {config.executor!r}")
 
 

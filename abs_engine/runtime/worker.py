@@ -1,4 +1,9 @@
-"""Worker process entry point: ``python -m abs_engine.runtime.worker HOST PORT TASK GENERATION``.
+"""Worker process entry point:
+``python -m abs_engine.runtime.worker HOST PORT TASK GENERATION [BIND_HOST]``.
+
+HOST:PORT is the driver; BIND_HOST is the address of this worker's own machine, where its
+data listener binds and which it publishes to its peers (default: HOST, when the driver
+and the workers share a machine).
 
 The attempt's secret arrives as one hex line on stdin (never on the command line, which
 every local user can read); the control connection and every data connection are
@@ -176,7 +181,9 @@ def _read_secret() -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    host, port, task_id, generation = (argv or sys.argv[1:])[:4]
+    args = (argv or sys.argv[1:])
+    host, port, task_id, generation = args[:4]
+    bind_host = args[4] if len(args) > 4 else host
     secret = _read_secret()
     # A stuck worker's Python stacks, on request of the driver (SIGUSR1), even if the GIL
     # is held: to stderr, which the driver's console shows.
@@ -191,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                 "between workers. Start workers through an abs-engine executor (it sets it).", True)
         return 1
     os.environ["ABS_ENGINE_ATTEMPT"] = generation  # read by abs_engine.testing.fail_at
-    listener = socket.create_server((host, 0), backlog=256)
-    control.send(messages.Hello(task_id, int(generation), host, listener.getsockname()[1], os.getpid()))
+    listener = socket.create_server((bind_host, 0), backlog=256)
+    control.send(messages.Hello(task_id, int(generation), bind_host, listener.getsockname()[1], os.getpid()))
     try:
         _run(control, listener, task_id, int(generation), secret)
         return 0

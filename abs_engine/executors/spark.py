@@ -1,0 +1,228 @@
+"""The Spark launcher: an attempt's workers run inside one Spark barrier stage.
+
+Slot sharing, as in Flink: Spark task k of the stage hosts subtask k of every operator, so
+a job whose widest operator has parallelism p needs p task slots, not one per engine task.
+Inside its Spark task each engine task still gets an OS process of its own (the GIL): the
+barrier task starts ``python -m abs_engine.runtime.worker DRIVER PORT TASK GEN BIND_HOST``
+for each task it hosts, hands it the attempt's secret on stdin (the secret reaches the
+executor inside the pickled stage function, never on a command line), binds it to the
+executor's own address (``BarrierTaskContext.getTaskInfos()``), and waits for them. A worker
+that fails fails its Spark task, and a barrier stage fails as a whole: a global failover,
+as on the local launcher. ``stop()`` cancels the stage's job group; workers it cannot reach
+exit on their own (their watchdog ends them when the driver connection or their parent
+process is gone).
+
+The engine's own packages (``abs_engine``, ``operators``) are shipped to the executors as a
+zip (``SparkContext.addPyFile``), so executors need not see the driver's source tree. User
+code travels inside the Deploy message as on the local launcher (cloudpickle, by value for
+``__main__``; modules a user function lives in must be importable on the executors, e.g.
+shipped with ``addPyFile`` too).
+
+Too few slots is an error within seconds that names the slots needed and those the cluster
+has, not Spark's ten-minute barrier scheduling retry.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import zipfile
+from typing import Any, Callable, Iterator, Mapping
+
+from ..errors import AbsEngineError
+from .launcher import WorkerProcess
+
+#: Spark settings this launcher relies on (the README lists them): barrier stages fail fast
+#: when they cannot get their slots instead of retrying for ten minutes.
+SPARK_CONF = {
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+}
+POLL = 0.05  #: seconds between checks of a barrier task's children (it waits on processes)
+
+
+class SparkLauncherError(AbsEngineError):
+    """The Spark cluster cannot run the job's workers (too few slots, no executors)."""
+
+
+def available_slots(sc: Any) -> int:
+    """Task slots the cluster has now: executors' cores / cores per task."""
+    try:
+        jsc = sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # noqa: BLE001 - older or newer Spark: fall back to the default parallelism
+        return int(sc.defaultParallelism)
+
+
+def _zip_packages(dest: str) -> str:
+    """A zip of the engine's packages (abs_engine, operators), importable from sys.path."""
+    import abs_engine
+    import operators
+
+    path = os.path.join(dest, "abs_engine_packages.zip")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for pkg in (abs_engine, operators):
+            root = os.path.dirname(os.path.abspath(pkg.__file__ or ""))
+            base = os.path.dirname(root)
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+                for name in filenames:
+                    if name.endswith((".py", ".typed")):
+                        full = os.path.join(dirpath, name)
+                        zf.write(full, os.path.relpath(full, base))
+    return path
+
+
+def _stage_function(groups: list[list[str]], driver: tuple[str, int], generation: int,
+                    secret_hex: str, driver_path: list[str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """What barrier task k runs: start the workers of ``groups[k]`` and wait for them."""
+
+    def run(_: Iterator[Any]) -> Iterator[Any]:
+        import subprocess
+
+        from pyspark import BarrierTaskContext
+
+        from abs_engine.executors.local import spawn_worker, worker_command
+
+        ctx = BarrierTaskContext.get()
+        k = ctx.partitionId()
+        bind = ctx.getTaskInfos()[k].address.rsplit(":", 1)[0]
+        env = dict(os.environ)
+        env.setdefault("PYTHONHASHSEED", "0")
+        if env["PYTHONHASHSEED"] in ("", "random"):
+            env["PYTHONHASHSEED"] = "0"
+        # The shipped zip (on this Python worker's path) first; then the driver's path, for
+        # user modules on a machine that shares the driver's disk.
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([p for p in sys.path + driver_path if p]))
+        secret = bytes.fromhex(secret_hex)
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        try:
+            for t in groups[k]:
+                procs[t] = spawn_worker(worker_command(driver, t, generation) + [bind], env, secret)
+            while any(p.poll() is None for p in procs.values()):
+                for t, p in procs.items():
+                    code = p.poll()
+                    if code not in (None, 0):
+                        raise RuntimeError(f"abs-engine worker {t} (pid {p.pid}) exited with status {code}")
+                time.sleep(POLL)  # waiting on child processes (no portable wait-any for Popen)
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+        yield [(t, p.returncode, p.pid) for t, p in procs.items()]
+
+    return run
+
+
+class SparkWorker:
+    """An engine worker inside a Spark task: reached through its connection; its exit
+    status is known once its Spark task has returned."""
+
+    def __init__(self, task: str, stage: "_Stage"):
+        self.task = task
+        self.stage = stage
+
+    @property
+    def pid(self) -> int | None:
+        return None  # it may run on another machine; the master learns it from Hello
+
+    def poll(self) -> int | None:
+        return self.stage.exit_codes.get(self.task)
+
+    def kill(self) -> None:
+        self.stage.cancel()
+
+    def dump_stacks(self) -> None:
+        pass  # on another machine: its watchdog reports a stuck call itself
+
+
+class _Stage:
+    """One barrier stage (one attempt), collected on a thread of its own."""
+
+    def __init__(self, sc: Any, rdd_fn: Callable[[Iterator[Any]], Iterator[Any]], width: int, group: str):
+        self.sc = sc
+        self.group = group
+        self.exit_codes: dict[str, int] = {}
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(rdd_fn, width), name=f"spark-stage-{group}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[[Iterator[Any]], Iterator[Any]], width: int) -> None:
+        try:
+            self.sc.setJobGroup(self.group, "abs-engine workers", interruptOnCancel=True)
+            for results in self.sc.parallelize(range(width), width).barrier().mapPartitions(fn).collect():
+                for task, code, _pid in results:
+                    self.exit_codes[task] = code
+        except BaseException as e:  # noqa: BLE001 - the master learns of failures on the connections
+            self.error = e
+
+    def cancel(self) -> None:
+        if self.thread.is_alive():
+            self.sc.cancelJobGroup(self.group)
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+
+
+class SparkLauncher:
+    """Workers in Spark barrier stages, one per attempt."""
+
+    def __init__(self, spark: Any = None):
+        from ..spark_session import embedded_session
+
+        self.spark = spark if spark is not None else embedded_session()
+        self.sc = self.spark.sparkContext
+        for k, v in SPARK_CONF.items():
+            self.sc._jsc.sc().conf().set(k, v)
+        self.host = self.sc.getConf().get("spark.driver.host", "127.0.0.1")
+        self._tmp = tempfile.mkdtemp(prefix="abs-engine-pkg-")
+        self.sc.addPyFile(_zip_packages(self._tmp))
+        self.stages: list[_Stage] = []
+
+    def start(self, tasks: list[str], driver: tuple[str, int], generation: int,
+              secret: bytes) -> dict[str, WorkerProcess]:
+        groups = _slot_groups(tasks)
+        width = len(groups)
+        slots = available_slots(self.sc)
+        if slots < width:
+            raise SparkLauncherError(
+                f"the job needs {width} Spark task slots (its widest operator has parallelism {width}; "
+                f"task k hosts subtask k of every operator) but the cluster has {slots}: add executors or "
+                f"cores, or lower the job's parallelism")
+        group = f"abs-engine-{uuid.uuid4().hex[:8]}-{generation}"
+        fn = _stage_function(groups, driver, generation, secret.hex(), list(sys.path))
+        stage = _Stage(self.sc, fn, width, group)
+        self.stages.append(stage)
+        return {t: SparkWorker(t, stage) for t in tasks}
+
+    def stop(self, workers: Mapping[str, WorkerProcess], timeout: float) -> None:
+        for stage in {w.stage for w in workers.values() if isinstance(w, SparkWorker)}:
+            stage.cancel()
+            stage.join(timeout)
+
+    def wait_exit(self, workers: Mapping[str, WorkerProcess], timeout: float) -> None:
+        for stage in {w.stage for w in workers.values() if isinstance(w, SparkWorker)}:
+            stage.join(timeout)
+            stage.cancel()
+
+    def close(self) -> None:
+        import shutil
+
+        for stage in self.stages:
+            stage.cancel()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _slot_groups(tasks: list[str]) -> list[list[str]]:
+    """Task ids ``<chain>#<k>`` grouped by subtask index k (slot sharing)."""
+    groups: dict[int, list[str]] = {}
+    for t in tasks:
+        k = int(t.rsplit("#", 1)[1])
+        groups.setdefault(k, []).append(t)
+    return [groups[k] for k in sorted(groups)]

@@ -1,0 +1,52 @@
+"""The Spark launcher: the same job, unchanged, with its workers inside a Spark barrier
+stage (the session-wide embedded local session here), exact under SIGKILLs of worker
+processes inside the Spark tasks; too few slots is a clear error within seconds."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from abs_engine import Dataflow
+from abs_engine.executors.spark import SparkLauncherError, _slot_groups, available_slots
+from abs_engine.testing import KillOnCheckpoints
+from operators import FileSink, TextFileSource
+from tests.abs_engine.executors.test_recovery import as_counts, output_lines
+from tests.chaos_checks import assert_each_kill_restored
+from tests.conftest import batch_word_count
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(300)]
+
+
+def wordcount(src: str, out: str, parallelism: int) -> Dataflow:
+    flow = Dataflow("wordcount", parallelism=parallelism)
+    words = flow.source(TextFileSource(src, batch_bytes=1 << 15)).flat_map(str.split)
+    words.key_by().count_final().sink(FileSink(out), parallelism=1)
+    return flow
+
+
+def test_slot_sharing_groups_subtask_k_of_every_operator() -> None:
+    assert _slot_groups(["src#0", "src#1", "count#1", "count#0", "sink#0"]) == [
+        ["src#0", "count#0", "sink#0"], ["src#1", "count#1"]]
+
+
+def test_wordcount_on_spark_with_sigkills_inside_spark_tasks_is_exact(spark, medium_corpus, tmp_path):
+    assert available_slots(spark.sparkContext) >= 2
+    out = str(tmp_path / "out.tsv")
+    chaos = KillOnCheckpoints([2, 5], seed=11)
+    res = wordcount(medium_corpus, out, 2).run(
+        executor="spark", spark=spark, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"),
+        chaos=chaos, restart_delay=0)
+    assert as_counts(output_lines(out)) == batch_word_count(medium_corpus)
+    assert_each_kill_restored(res, chaos, min_kills=1)
+
+
+def test_too_few_slots_is_a_clear_error_within_seconds(spark, small_corpus, tmp_path):
+    slots = available_slots(spark.sparkContext)
+    flow = wordcount(small_corpus, str(tmp_path / "o.tsv"), slots + 1)
+    t0 = time.monotonic()
+    with pytest.raises(SparkLauncherError) as info:
+        flow.run(executor="spark", spark=spark)
+    assert f"needs {slots + 1} Spark task slots" in str(info.value) and f"has {slots}" in str(info.value)
+    assert time.monotonic() - t0 < 20
