@@ -26,12 +26,17 @@ _lock = threading.Lock()
 _embedded: Any = None
 
 
-def embedded_session() -> Any:
-    """The process's embedded local SparkSession, started on first use."""
+def embedded_session(master: str | None = None) -> Any:
+    """The process's embedded SparkSession, started on first use: local (the default), or
+    on ``master`` (a cluster URL; the examples' --spark-master). Every Spark user in the
+    process (sources, the Spark executor) shares it."""
     global _embedded
     with _lock:
         if _embedded is not None and not _embedded.sparkContext._jsc.sc().isStopped():
-            return _embedded
+            if master is None or _embedded.sparkContext.master == master:
+                return _embedded
+            _embedded.stop()
+            _embedded = None
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -39,7 +44,9 @@ def embedded_session() -> Any:
             from pyspark.sql import SparkSession
 
             builder = (
-                SparkSession.builder.master(f"local[{max(2, os.cpu_count() or 2)}]")
+                # Slots are threads: the Spark executor's barrier tasks mostly wait on their
+                # worker processes, and Spark sources need slots beside them for their reads.
+                SparkSession.builder.master(master or f"local[{max(4, os.cpu_count() or 2)}]")
                 .appName("abs-engine")
                 .config("spark.ui.enabled", "false")
                 .config("spark.ui.showConsoleProgress", "false")
@@ -62,6 +69,11 @@ def embedded_session() -> Any:
         spark.sparkContext.setLogLevel("ERROR")
         _embedded = spark
         return spark
+
+
+def session_for(master: str) -> Any:
+    """The embedded session on ``master`` (see embedded_session)."""
+    return embedded_session(master)
 
 
 def stop_embedded() -> None:

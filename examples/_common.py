@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from abs_engine import AbsEngineError, Dataflow, JobResult
-from abs_engine.executors.config import MODES
+from abs_engine.executors.config import EXECUTORS, MODES
 
 
 def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
@@ -15,6 +15,20 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
     ap.add_argument("--checkpoint-interval", type=float, default=interval, help="seconds between checkpoints")
     ap.add_argument("--checkpoint-dir", help="where checkpoints go (default: a temporary directory)")
     ap.add_argument("--mode", choices=list(MODES), default="aligned")
+    ap.add_argument("--executor", choices=list(EXECUTORS), default="local",
+                    help="who runs the workers: local processes (default) or a Spark barrier stage")
+    ap.add_argument("--spark-master", help="Spark master URL for --executor spark and Spark sources "
+                                           "(default: the embedded local session)")
+
+
+def executor_options(args: argparse.Namespace) -> dict[str, Any]:
+    """flow.run() options for --executor / --spark-master."""
+    opts: dict[str, Any] = {"executor": args.executor}
+    if args.spark_master:
+        from abs_engine.spark_session import session_for
+
+        opts["spark"] = session_for(args.spark_master)
+    return opts
 
 
 def run_job(name: str, flow: Dataflow, args: argparse.Namespace, **extra: Any) -> JobResult | None:
@@ -22,7 +36,7 @@ def run_job(name: str, flow: Dataflow, args: argparse.Namespace, **extra: Any) -
     print(flow.explain(), file=sys.stderr)
     try:
         return flow.run(mode=args.mode, checkpoint_interval=args.checkpoint_interval,
-                        checkpoint_dir=args.checkpoint_dir, progress=True, **extra)
+                        checkpoint_dir=args.checkpoint_dir, progress=True, **executor_options(args), **extra)
     except (AbsEngineError, ValueError) as e:
         print(f"{name}: FAILED: {e}", file=sys.stderr)
         return None

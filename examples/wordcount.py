@@ -24,9 +24,9 @@ from abs_engine.testing import write_zipf_corpus
 from operators import FileSink, TextFileSource
 
 try:
-    from ._common import add_job_flags, verdict
+    from ._common import add_job_flags, executor_options, verdict
 except ImportError:  # run as a script
-    from _common import add_job_flags, verdict  # type: ignore[no-redef]
+    from _common import add_job_flags, executor_options, verdict  # type: ignore[no-redef]
 
 
 def build_flow(input: str = "input.txt", output: str = "wordcount-out.tsv", parallelism: int = 2,
@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint_dir=args.checkpoint_dir,
             resume=args.resume,
             progress=True,
+            **executor_options(args),
         )
     except (AbsEngineError, ValueError) as e:
         print(f"wordcount: FAILED: {e}", file=sys.stderr)

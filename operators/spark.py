@@ -64,6 +64,10 @@ class SparkSource(Source):
     """Rows of a Spark DataFrame. With ``column`` (or a one-column DataFrame) each record is
     that column's value; otherwise a tuple of all columns."""
 
+    #: Its partitions are read by Spark jobs while the dataflow runs: on the Spark executor
+    #: that slot must stay free beside the workers' barrier stage.
+    spark_slots = 1
+
     def __init__(self, df: Any, column: str | None = None, expect: type | None = None,
                  allow_empty: bool = False, owns_session: bool = False):
         self._df = df

@@ -42,6 +42,10 @@ def _fsync_dir(path: str) -> None:
 
 
 class SparkStreamSource(Source):
+    #: Its streaming query runs Spark jobs while the dataflow runs: on the Spark executor that
+    #: slot must stay free beside the workers' barrier stage.
+    spark_slots = 1
+
     def __init__(self, stream_df: Any, staging_dir: str | os.PathLike[str], column: str | None = None,
                  available_now: bool = False, trigger_seconds: float = 0.5, keep_checkpoints: int = 3):
         if not getattr(stream_df, "isStreaming", False):

@@ -585,7 +585,9 @@ def _await_exit(proc: WorkerProcess, timeout: float) -> None:
 def run_job(flow: "Dataflow", config: JobConfig) -> JobResult:
     """Compile ``flow`` and run it on the executor ``config.executor`` names."""
     plan = flow.compile()
-    launcher = make_launcher(config)
+    # Spark sources read through Spark jobs of their own while the job runs.
+    reserve = sum(int(getattr(n.template, "spark_slots", 0)) for n in flow.graph.nodes.values())
+    launcher = make_launcher(config, reserve)
     try:
         master = JobMaster(flow.graph, plan, config, launcher)
         res = master.run()
@@ -595,7 +597,7 @@ def run_job(flow: "Dataflow", config: JobConfig) -> JobResult:
     return res
 
 
-def make_launcher(config: JobConfig) -> Launcher:
+def make_launcher(config: JobConfig, reserve_slots: int = 0) -> Launcher:
     if config.executor == "local":
         from .local import LocalLauncher
 
@@ -603,7 +605,7 @@ def make_launcher(config: JobConfig) -> Launcher:
     if config.executor == "spark":
         from .spark import SparkLauncher
 
-        return SparkLauncher(config.spark)
+        return SparkLauncher(config.spark, reserve_slots)
     raise ValueError(f"unknown executor {config.executor!r}")
 
 

@@ -164,7 +164,10 @@ class _Stage:
 
     def cancel(self) -> None:
         if self.thread.is_alive():
-            self.sc.cancelJobGroup(self.group)
+            try:
+                self.sc.cancelJobGroup(self.group)
+            except Exception:  # noqa: BLE001 - a stopped context has no jobs left to cancel
+                pass
 
     def join(self, timeout: float) -> None:
         self.thread.join(timeout)
@@ -173,9 +176,10 @@ class _Stage:
 class SparkLauncher:
     """Workers in Spark barrier stages, one per attempt."""
 
-    def __init__(self, spark: Any = None):
+    def __init__(self, spark: Any = None, reserve_slots: int = 0):
         from ..spark_session import embedded_session
 
+        self.reserve = reserve_slots  #: slots left free for the job's Spark sources' reads
         self.spark = spark if spark is not None else embedded_session()
         self.sc = self.spark.sparkContext
         for k, v in SPARK_CONF.items():
@@ -190,11 +194,12 @@ class SparkLauncher:
         groups = _slot_groups(tasks)
         width = len(groups)
         slots = available_slots(self.sc)
-        if slots < width:
+        if slots < width + self.reserve:
+            extra = f" + {self.reserve} for its Spark sources' reads" if self.reserve else ""
             raise SparkLauncherError(
-                f"the job needs {width} Spark task slots (its widest operator has parallelism {width}; "
-                f"task k hosts subtask k of every operator) but the cluster has {slots}: add executors or "
-                f"cores, or lower the job's parallelism")
+                f"the job needs {width + self.reserve} Spark task slots ({width} for its workers: its widest "
+                f"operator has parallelism {width} and task k hosts subtask k of every operator{extra}) but the "
+                f"cluster has {slots}: add executors or cores, or lower the job's parallelism")
         group = f"abs-engine-{uuid.uuid4().hex[:8]}-{generation}"
         fn = _stage_function(groups, driver, generation, secret.hex(), list(sys.path))
         stage = _Stage(self.sc, fn, width, group)
