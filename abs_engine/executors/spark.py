@@ -74,8 +74,26 @@ def _zip_packages(dest: str) -> str:
                 for name in filenames:
                     if name.endswith((".py", ".typed")):
                         full = os.path.join(dirpath, name)
-                        zf.write(full, os.path.relpath(full, base))
+                        # A fixed timestamp: the same sources give the same bytes (Spark
+                        # refuses a file name added twice with other contents).
+                        info = zipfile.ZipInfo(os.path.relpath(full, base), date_time=(1980, 1, 1, 0, 0, 0))
+                        info.compress_type = zipfile.ZIP_DEFLATED
+                        with open(full, "rb") as f:
+                            zf.writestr(info, f.read())
     return path
+
+
+_shipped: dict[str, str] = {}  #: Spark application id -> the zip it was given (once each)
+_ship_lock = threading.Lock()
+
+
+def ship_packages(sc: Any) -> None:
+    """Add the engine's packages to ``sc`` once per application (kept for its life)."""
+    with _ship_lock:
+        app = sc.applicationId
+        if app not in _shipped:
+            _shipped[app] = _zip_packages(tempfile.mkdtemp(prefix="abs-engine-pkg-"))
+            sc.addPyFile(_shipped[app])
 
 
 def _stage_function(groups: list[list[str]], driver: tuple[str, int], generation: int,
@@ -185,8 +203,7 @@ class SparkLauncher:
         for k, v in SPARK_CONF.items():
             self.sc._jsc.sc().conf().set(k, v)
         self.host = self.sc.getConf().get("spark.driver.host", "127.0.0.1")
-        self._tmp = tempfile.mkdtemp(prefix="abs-engine-pkg-")
-        self.sc.addPyFile(_zip_packages(self._tmp))
+        ship_packages(self.sc)
         self.stages: list[_Stage] = []
 
     def start(self, tasks: list[str], driver: tuple[str, int], generation: int,
@@ -217,11 +234,8 @@ class SparkLauncher:
             stage.cancel()
 
     def close(self) -> None:
-        import shutil
-
         for stage in self.stages:
             stage.cancel()
-        shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def _slot_groups(tasks: list[str]) -> list[list[str]]:
