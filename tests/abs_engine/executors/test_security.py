@@ -53,14 +53,14 @@ def gone(pid: int) -> bool:
     return st is None or st[0] in ("Z", "X")
 
 
-def workers_of(parent: int) -> dict[int, list[str]]:
-    """pid -> argv of the abs-engine workers whose parent is ``parent``."""
+def workers_of(parent: int | None) -> dict[int, list[str]]:
+    """pid -> argv of the abs-engine workers whose parent is ``parent`` (None: any)."""
     out = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         st = proc_stat(int(name))
-        if st is None or st[1] != parent:
+        if st is None or (parent is not None and st[1] != parent):
             continue
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
@@ -114,15 +114,20 @@ def read_all(sock: socket.socket, timeout: float) -> bytes:
     return got
 
 
-def test_impostors_on_the_drivers_port_get_nothing_and_the_job_stays_exact(tmp_path):
+@pytest.mark.parametrize("executor", ["local", pytest.param("spark", marks=pytest.mark.spark)])
+def test_impostors_on_the_drivers_port_get_nothing_and_the_job_stays_exact(tmp_path, executor, request):
     go = str(tmp_path / "go")
     sink = CapturingSink(tmp_path / "out")
     flow = Dataflow("guarded", parallelism=1)
     flow.source(TestingSource(range(3000), batch_size=10)).map(Gate(go, 1500, kill=True), name="gate").sink(sink)
+    extra = {"executor": "spark", "spark": request.getfixturevalue("spark")} if executor == "spark" else {}
     t, box = run_in_thread(lambda: flow.run(checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"),
-                                            restart_delay=0))
-    argv = next(iter(wait_for(lambda: workers_of(os.getpid()), 30, "the job's workers").values()))
-    host, port, task = argv[-4], int(argv[-3]), argv[-2]
+                                            restart_delay=0, **extra))
+    # on Spark the workers are children of Spark's Python workers, not of this process
+    parent = os.getpid() if executor == "local" else None
+    argv = next(iter(wait_for(lambda: workers_of(parent), 60, "the job's workers").values()))
+    i = argv.index("abs_engine.runtime.worker")
+    host, port, task = argv[i + 1], int(argv[i + 2]), argv[i + 3]
     # What an attacker can read on the workers' command lines is enough to forge a Hello
     # for the next attempt; queue it (and garbage) on the driver's port before the restart.
     attacks = {
