@@ -40,6 +40,8 @@ def embedded_session(master: str | None = None) -> Any:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        if master and master.startswith("local-cluster") and "SPARK_HOME" not in os.environ:
+            os.environ["SPARK_HOME"] = _local_cluster_home()
         try:
             from pyspark.sql import SparkSession
 
@@ -69,6 +71,22 @@ def embedded_session(master: str | None = None) -> Any:
         spark.sparkContext.setLogLevel("ERROR")
         _embedded = spark
         return spark
+
+
+def _local_cluster_home() -> str:
+    """A SPARK_HOME for ``local-cluster[...]`` with the pip-installed pyspark: its executors'
+    work directories go under SPARK_HOME/work, so it is a temporary directory of links to
+    the pyspark package's bin, jars, python and sbin (never the package itself)."""
+    import tempfile
+
+    import pyspark
+
+    pkg = os.path.dirname(os.path.abspath(pyspark.__file__))
+    home = tempfile.mkdtemp(prefix="abs-engine-spark-home-")
+    for name in ("bin", "jars", "python", "sbin", "conf"):
+        if os.path.exists(os.path.join(pkg, name)):
+            os.symlink(os.path.join(pkg, name), os.path.join(home, name))
+    return home
 
 
 def session_for(master: str) -> Any:

@@ -43,6 +43,7 @@ SPARK_CONF = {
     "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
 }
 POLL = 0.05  #: seconds between checks of a barrier task's children (it waits on processes)
+SLOT_WAIT = 10.0  #: seconds to wait for executors to register before "too few slots"
 
 
 class SparkLauncherError(AbsEngineError):
@@ -116,7 +117,9 @@ def _stage_function(groups: list[list[str]], driver: tuple[str, int], generation
             env["PYTHONHASHSEED"] = "0"
         # The shipped zip (on this Python worker's path) first; then the driver's path, for
         # user modules on a machine that shares the driver's disk.
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([p for p in sys.path + driver_path if p]))
+        # (sys.path holds the shipped zip relative to the task's directory: made absolute.)
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.path.abspath(p) for p in sys.path if p]
+                                                          + [p for p in driver_path if p]))
         secret = bytes.fromhex(secret_hex)
         procs: dict[str, subprocess.Popen[bytes]] = {}
         try:
@@ -210,7 +213,7 @@ class SparkLauncher:
               secret: bytes) -> dict[str, WorkerProcess]:
         groups = _slot_groups(tasks)
         width = len(groups)
-        slots = available_slots(self.sc)
+        slots = self._await_slots(width + self.reserve)
         if slots < width + self.reserve:
             extra = f" + {self.reserve} for its Spark sources' reads" if self.reserve else ""
             raise SparkLauncherError(
@@ -222,6 +225,14 @@ class SparkLauncher:
         stage = _Stage(self.sc, fn, width, group)
         self.stages.append(stage)
         return {t: SparkWorker(t, stage) for t in tasks}
+
+    def _await_slots(self, needed: int) -> int:
+        """Executors register after the context starts (and a lost one is replaced): wait
+        up to SLOT_WAIT seconds for ``needed`` slots; returns the slots there are."""
+        deadline = time.monotonic() + SLOT_WAIT
+        while (slots := available_slots(self.sc)) < needed and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling the cluster's registered executors, bounded
+        return slots
 
     def stop(self, workers: Mapping[str, WorkerProcess], timeout: float) -> None:
         for stage in {w.stage for w in workers.values() if isinstance(w, SparkWorker)}:

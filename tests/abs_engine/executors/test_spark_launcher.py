@@ -50,3 +50,27 @@ def test_too_few_slots_is_a_clear_error_within_seconds(spark, small_corpus, tmp_
         flow.run(executor="spark", spark=spark)
     assert f"needs {slots + 1} Spark task slots" in str(info.value) and f"has {slots}" in str(info.value)
     assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.parametrize("kill", ["workers", "executor"])
+def test_wordcount_on_a_local_cluster_under_kills_is_exact(medium_corpus, tmp_path, kill):
+    """Two executor JVMs (local-cluster[2,1,1024]): SIGKILLs of engine workers inside them,
+    or of a whole executor; the output equals the batch count and the job restored from a
+    checkpoint. Runs as its own driver process (one SparkContext per process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    out = str(tmp_path / "out.tsv")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "tests.abs_engine.executors.spark_cluster_job", medium_corpus, out,
+                           str(tmp_path / "ck"), kill], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert as_counts(output_lines(out)) == batch_word_count(medium_corpus)
+    mid_job = [c for c in res["killed_after"] if c not in res["finals"]]
+    assert res["kills"] >= 1 and mid_job, res
+    assert res["restored_from"] and res["restored_from"][: len(mid_job)] == mid_job, res

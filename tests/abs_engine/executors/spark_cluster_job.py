@@ -1,0 +1,77 @@
+"""Word count on a Spark ``local-cluster`` (separate executor JVMs) with the Spark executor,
+under kills; run as its own driver process (one SparkContext per process):
+
+    python -m tests.abs_engine.executors.spark_cluster_job CORPUS OUT CKDIR KILL
+
+KILL is "workers" (SIGKILL engine workers inside the executors right after checkpoints 2
+and 5) or "executor" (SIGKILL a whole executor JVM after checkpoint 2). Prints one JSON
+line: kills, restarts, restored_from, killed_after, seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from abs_engine import Dataflow
+from abs_engine.spark_session import session_for
+from abs_engine.testing import KillOnCheckpoints
+from operators import FileSink, TextFileSource
+
+MASTER = "local-cluster[2,1,1024]"
+
+
+class KillExecutor:
+    """SIGKILL one of this driver's executor JVMs right after the given checkpoint."""
+
+    def __init__(self, after: int, jvm_pid: int):
+        self.after, self.jvm_pid = after, jvm_pid
+        self.seen = 0
+        self.killed: list[str] = []
+        self.killed_after: list[int] = []
+
+    def poll(self, elapsed: float, pids: dict[str, int]) -> None:
+        return None
+
+    def on_checkpoint(self, checkpoint_id: int, pids: dict[str, int]) -> str | None:
+        self.seen += 1
+        if self.seen != self.after:
+            return None
+        # Spark's Worker runs inside the driver JVM here; executors are its children.
+        out = subprocess.run(["pgrep", "-P", str(self.jvm_pid), "-f", "CoarseGrainedExecutorBackend"],
+                             capture_output=True, text=True).stdout.split()
+        if not out:
+            return None
+        victim = int(random.Random(1).choice(sorted(out)))
+        os.kill(victim, signal.SIGKILL)
+        self.killed.append(f"executor {victim}")
+        self.killed_after.append(checkpoint_id)
+        return self.killed[-1]
+
+
+def main(corpus: str, out: str, ckdir: str, kill: str) -> dict[str, Any]:
+    spark = session_for(MASTER)
+    chaos: Any
+    if kill == "executor":
+        chaos = KillExecutor(2, spark.sparkContext._gateway.proc.pid)
+    else:
+        chaos = KillOnCheckpoints([2, 5], seed=5)
+    flow = Dataflow("wordcount", parallelism=2)
+    flow.source(TextFileSource(corpus, batch_bytes=1 << 15)).flat_map(str.split).key_by().count_final() \
+        .sink(FileSink(out), parallelism=1)
+    t0 = time.monotonic()
+    res = flow.run(executor="spark", spark=spark, checkpoint_interval=0.05, checkpoint_dir=ckdir, chaos=chaos,
+                   restart_delay=0)
+    return {"kills": res.kills, "restarts": res.restarts, "restored_from": res.restored_from,
+            "killed_after": chaos.killed_after, "seconds": time.monotonic() - t0,
+            "finals": [c.checkpoint_id for c in res.checkpoints if c.final]}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(*sys.argv[1:5])), flush=True)
+    os._exit(0)  # do not wait for the cluster's shutdown hooks
