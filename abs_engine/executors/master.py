@@ -358,7 +358,11 @@ class JobMaster:
                                              m.record, m.digest)
             except ProtocolError:
                 pass  # its last words are garbled: fall back to the exit status
-        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        detail = getattr(w.proc, "exit_detail", None)
+        if detail is not None:
+            how = detail(code)
+        else:
+            how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
         return WorkerFailure(w.task, None, f"worker process {w.proc.pid or '?'} {how}")
 
     def _chaos(self, workers: dict[str, Worker]) -> None:

@@ -153,7 +153,16 @@ class SparkWorker:
         return None  # it may run on another machine; the master learns it from Hello
 
     def poll(self) -> int | None:
-        return self.stage.exit_codes.get(self.task)
+        code = self.stage.exit_codes.get(self.task)
+        if code is None and self.stage.error is not None:
+            return 1  # the stage failed (an executor lost, a task failed): this worker is gone
+        return code
+
+    def exit_detail(self, code: int) -> str:
+        if self.stage.error is not None and self.task not in self.stage.exit_codes:
+            first = str(self.stage.error).strip().splitlines()
+            return f"its Spark barrier stage failed ({first[0][:300] if first else type(self.stage.error).__name__})"
+        return f"exited with status {code}"
 
     def kill(self) -> None:
         self.stage.cancel()
