@@ -25,9 +25,12 @@ def executor_options(args: argparse.Namespace) -> dict[str, Any]:
     """flow.run() options for --executor / --spark-master."""
     opts: dict[str, Any] = {"executor": args.executor}
     if args.spark_master:
-        from abs_engine.spark_session import session_for
+        import atexit
+
+        from abs_engine.spark_session import session_for, stop_embedded
 
         opts["spark"] = session_for(args.spark_master)
+        atexit.register(stop_embedded)  # a clean stop: a cluster otherwise logs the app as FAILED
     return opts
 
 
