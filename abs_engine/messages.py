@@ -38,6 +38,7 @@ class Deploy(Message):
     fence: str = ""  #: this attempt's fence token: sinks publish only while it is current
     heartbeat_interval: float = 1.0  #: seconds between the worker's heartbeats
     task_timeout: float = 0.0  #: a user function busy longer than this fails the task (0: never)
+    connect_timeout: float = 60.0  #: for peers to connect and answer (they restore first)
 
 
 @dataclass(frozen=True)

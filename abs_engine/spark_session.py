@@ -22,6 +22,13 @@ PINNED_CONF = {
     "spark.default.parallelism": "8",
 }
 
+#: The Spark executor's barrier stages fail fast when they cannot get their slots (Spark
+#: reads these when its scheduler starts, so they are set here, at the session's creation).
+BARRIER_CONF = {
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+}
+
 _lock = threading.Lock()
 _embedded: Any = None
 
@@ -59,7 +66,7 @@ def embedded_session(master: str | None = None) -> Any:
                 # toArrow() holds a whole DataFrame): Spark's 1g default is too small.
                 .config("spark.driver.memory", os.environ.get("ABS_ENGINE_SPARK_MEMORY", "4g"))
             )
-            for k, v in PINNED_CONF.items():
+            for k, v in {**PINNED_CONF, **BARRIER_CONF}.items():
                 builder = builder.config(k, v)
             spark = builder.getOrCreate()
         except Exception as e:  # noqa: BLE001 - a missing JVM shows up as many exception types

@@ -54,7 +54,7 @@ class FlatMap(_PerRecord):
         super().__init__(fn, on_error)
 
     def _one(self, record: Any, out: list[Any]) -> None:
-        out.extend(self.fn(record))
+        out.extend(list(self.fn(record)))  # all or nothing: a generator may raise halfway
 
     def process(self, batch: list[Any]) -> list[Any]:
         fn = self.fn

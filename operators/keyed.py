@@ -76,8 +76,9 @@ class CountFinal(_Keyed):
 class Reduce(_Keyed):
     """Running reduce per key: acc = fn(acc, record); emits (key, acc) for every record.
 
-    If ``fn`` raises, the state of that key is unchanged: with on_error="fail" (default) the
-    task fails naming the record, with on_error="skip" the record is dropped and reported."""
+    If ``fn`` raises, the state of that key is unchanged (provided ``fn`` does not mutate the
+    accumulator in place before raising): with on_error="fail" (default) the task fails naming
+    the record, with on_error="skip" the record is dropped and reported."""
 
     def __init__(self, fn: Callable[[Any, Any], Any], key_fn: KeyFn = None, on_error: str = "fail"):
         super().__init__(key_fn)

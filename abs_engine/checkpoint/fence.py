@@ -58,10 +58,11 @@ class Fence:
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
-        """Exclusive while the body runs, and only if this token is still current."""
+        """Shared with this attempt's other publishers (they write their own files), exclusive
+    of ``advance``, and only if this token is still current."""
         fd = _open(self.root)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_SH)  # publishers of one attempt run in parallel
             current = _read_token(fd)
             if current != self.token:
                 raise FencedOut(f"attempt {self.token!r} was replaced by {current!r}: this process "
@@ -89,7 +90,12 @@ def lock_holders(path: str) -> list[int]:
             inode = int(parts[5].split(":")[-1])
         except ValueError:
             continue
-        if inode == st.st_ino:
+        dev = parts[5].split(":")[:2]
+        try:
+            same_dev = len(dev) == 2 and os.makedev(int(dev[0], 16), int(dev[1], 16)) == st.st_dev
+        except ValueError:
+            same_dev = False
+        if inode == st.st_ino and same_dev:
             pids.append(pid)
     return pids
 
@@ -100,6 +106,18 @@ def _is_worker(pid: int) -> bool:
             return WORKER_MODULE in f.read(4096)
     except OSError:
         return False
+
+
+def _take_within(fd: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)  # back-off while the kernel reaps the killed holders
 
 
 def advance(root: str, token: str, timeout: float = 5.0) -> list[int]:
@@ -130,7 +148,11 @@ def advance(root: str, token: str, timeout: float = 5.0) -> list[int]:
                         killed.append(pid)
                     except ProcessLookupError:
                         pass
-                fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel as the holder dies
+                if not _take_within(fd, 10.0):  # released by the kernel as the holders die
+                    raise CheckpointError(
+                        CheckpointErrorReason.LOCKED,
+                        f"the fence {path} is still held after killing stale worker(s) {killed}: stop the "
+                        "processes holding it, then run again")
                 break
             time.sleep(0.01)  # back-off between tries of a lock held by a live publisher
         os.ftruncate(fd, 0)

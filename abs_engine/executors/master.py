@@ -38,7 +38,7 @@ from ..checkpoint import fence
 from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.lock import DirectoryLock
 from ..checkpoint.storage import CheckpointStorage, Metadata
-from ..errors import CheckpointError, CheckpointErrorReason, JobFailed, ProtocolError, ProtocolErrorReason
+from ..errors import AbsEngineError, CheckpointError, CheckpointErrorReason, JobFailed, ProtocolError, ProtocolErrorReason
 from ..graph import LogicalGraph
 from ..plan import Plan
 from .config import CheckpointStat, JobConfig, JobResult
@@ -46,6 +46,9 @@ from .launcher import Launcher, WorkerProcess
 
 if TYPE_CHECKING:
     from ..api import Dataflow
+
+
+MAX_PENDING = 256  #: unauthenticated connections kept at once; beyond it the oldest is dropped
 
 
 class JobCancelled(Exception):
@@ -234,7 +237,12 @@ class JobMaster:
         if killed:
             self._log(f"killed stale worker(s) {killed} that held the output fence (from a dead attempt)")
         try:
-            procs = self.launcher.start([t.id for t in self.plan.tasks], (host, port), gen, secret)
+            try:
+                procs = self.launcher.start([t.id for t in self.plan.tasks], (host, port), gen, secret)
+            except AbsEngineError as err:
+                if gen == 0:
+                    raise  # the cluster cannot run this job at all (too few slots): say so at once
+                raise WorkerFailure("*", None, f"could not start the workers again: {err}") from None
             workers.update({t: Worker(t, p) for t, p in procs.items()})
             peers = self._accept_hellos(listener, workers, gen, secret)
             for t in self.plan.tasks:
@@ -246,7 +254,7 @@ class JobMaster:
                 self._send(workers[t.id], messages.Deploy(
                     self.plan.to_dict(), self.code, peers, restore,
                     bool(meta is not None and meta.final), storage.root, token,
-                    cfg.heartbeat_interval, cfg.task_timeout))
+                    cfg.heartbeat_interval, cfg.task_timeout, cfg.startup_timeout))
             self._drive(workers, storage, meta, next_id)
         finally:
             self.launcher.stop({t: w.proc for t, w in workers.items()}, timeout=10.0)
@@ -283,7 +291,12 @@ class JobMaster:
                     drop(sock)
                 for key, _ in sel.select(timeout=0.05):
                     if key.data is None:
-                        sock, _ = listener.accept()
+                        try:
+                            sock, _ = listener.accept()
+                        except OSError:
+                            continue  # out of descriptors (a flood?): the pending ones expire first
+                        if len(pending) >= MAX_PENDING:
+                            drop(min(pending, key=lambda s: pending[s].hs.deadline))  # the oldest stranger
                         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         conn = auth.Incoming(sock, secret, codec.MAX_CONTROL_FRAME)
                         try:
@@ -308,10 +321,10 @@ class JobMaster:
                         continue
                     sel.unregister(sock)
                     del pending[sock]
-                    if isinstance(msg, messages.Failed) and msg.task in workers:
+                    if isinstance(msg, messages.Failed) and isinstance(msg.task, str) and msg.task in workers:
                         raise WorkerFailure(msg.task, msg.operator, "failed at start-up", msg.traceback, msg.fatal)
-                    if not isinstance(msg, messages.Hello) or msg.generation != gen or msg.task not in workers \
-                            or msg.task in peers:
+                    if not isinstance(msg, messages.Hello) or not _well_typed_hello(msg) or msg.generation != gen \
+                            or msg.task not in workers or msg.task in peers:
                         sock.close()
                         continue
                     w = workers[msg.task]
@@ -353,7 +366,8 @@ class JobMaster:
             try:
                 while (frame := w.reader.next_frame()) is not None:
                     m = messages.decode(frame[1])
-                    if isinstance(m, messages.Failed) and m.task == w.task and not m.operator.startswith("<"):
+                    if isinstance(m, messages.Failed) and m.task == w.task and isinstance(m.operator, str) \
+                            and not m.operator.startswith(("<upstream", "<downstream")):
                         return WorkerFailure(m.task, m.operator, "raised an exception", m.traceback, m.fatal,
                                              m.record, m.digest)
             except ProtocolError:
@@ -435,6 +449,10 @@ class JobMaster:
                             self._on_message(w, msg, coord, workers)
                     except ProtocolError as e:
                         raise WorkerFailure(w.task, None, f"broke the control protocol ({e})") from None
+                    except (TypeError, ValueError, KeyError, AttributeError) as e:
+                        # a well-framed message with fields of the wrong types: that worker's fault
+                        raise WorkerFailure(w.task, None, f"sent a malformed message ({type(e).__name__}: {e})") \
+                            from None
                 now = time.monotonic()
                 if not started:
                     if all(w.running for w in workers.values()):
@@ -570,6 +588,11 @@ class JobMaster:
             f"checkpoints {self.result.checkpoints_completed}{last}  restarts {self.result.restarts}",
             file=sys.stderr, flush=True,
         )
+
+
+def _well_typed_hello(m: messages.Hello) -> bool:
+    return (isinstance(m.task, str) and isinstance(m.generation, int) and isinstance(m.host, str)
+            and isinstance(m.port, int) and isinstance(m.pid, int))
 
 
 def _live_pids(workers: dict[str, Worker]) -> dict[str, int]:

@@ -36,12 +36,6 @@ from typing import Any, Callable, Iterator, Mapping
 from ..errors import AbsEngineError
 from .launcher import WorkerProcess
 
-#: Spark settings this launcher relies on (the README lists them): barrier stages fail fast
-#: when they cannot get their slots instead of retrying for ten minutes.
-SPARK_CONF = {
-    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
-    "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
-}
 POLL = 0.05  #: seconds between checks of a barrier task's children (it waits on processes)
 SLOT_WAIT = 10.0  #: seconds to wait for executors to register before "too few slots"
 
@@ -212,8 +206,6 @@ class SparkLauncher:
         self.reserve = reserve_slots  #: slots left free for the job's Spark sources' reads
         self.spark = spark if spark is not None else embedded_session()
         self.sc = self.spark.sparkContext
-        for k, v in SPARK_CONF.items():
-            self.sc._jsc.sc().conf().set(k, v)
         self.host = self.sc.getConf().get("spark.driver.host", "127.0.0.1")
         ship_packages(self.sc)
         self.stages: list[_Stage] = []

@@ -101,6 +101,7 @@ class InputChannel:
 
 
 HELLO_MAX = 4096  #: a HELLO frame carries one channel id
+MAX_PENDING = 256  #: unauthenticated connections kept at once; beyond it the oldest is dropped
 
 
 def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: bytes,
@@ -131,7 +132,12 @@ def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: by
                 drop(p)
             for key, _ in sel.select(timeout=min(0.5, max(0.0, deadline - now))):
                 if key.data is None:
-                    sock, _ = listener.accept()
+                    try:
+                        sock, _ = listener.accept()
+                    except OSError:
+                        continue  # out of descriptors (a flood?): the pending ones expire first
+                    if len(pending) >= MAX_PENDING:
+                        drop(min(pending.values(), key=lambda q: q.hs.deadline))  # the oldest stranger
                     sock.setblocking(False)
                     p = auth.Incoming(sock, secret, HELLO_MAX)
                     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any, Callable
 
 from .. import codec
@@ -47,11 +48,19 @@ class Output:
             frame = codec.records_frame(batch)
         except (TypeError, ValueError, OverflowError) as e:
             raise OperatorFailure(self.producer, fatal=True) from SerializationError("a record", self.producer, str(e))
-        if len(frame) - codec.HEADER_SIZE > codec.MAX_FRAME and len(batch) > 1:
-            half = len(batch) // 2
-            self._send(ch, batch[:half])
-            self._send(ch, batch[half:])
-            return
+        except struct.error:  # 4 GiB or more: split like any batch over the bound
+            frame = b""
+            too_big = True
+        else:
+            too_big = len(frame) - codec.HEADER_SIZE > codec.MAX_FRAME
+        if too_big:
+            if len(batch) > 1:
+                half = len(batch) // 2
+                self._send(ch, batch[:half])
+                self._send(ch, batch[half:])
+                return
+            raise OperatorFailure(self.producer, fatal=True, record=batch[0]) from SerializationError(
+                "a record", self.producer, f"it encodes to more than the {codec.MAX_FRAME:,}-byte frame limit")
         ch.records += len(batch)
         ch.send(frame)
 

@@ -41,7 +41,6 @@ from .task import LoopNotQuiet, Task, record_repr
 from .watchdog import Activity, Watchdog
 from .writer import SnapshotWriter
 
-CONNECT_TIMEOUT = 60.0
 
 
 def _load_state(restore: dict[str, Any]) -> TaskSnapshotData:
@@ -120,7 +119,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
                 chans = []
                 for cid in o.channels:
                     consumer = cid.split("->", 1)[1]
-                    chans.append(OutputChannel(cid, deploy.peers[consumer], secret, CONNECT_TIMEOUT))
+                    chans.append(OutputChannel(cid, deploy.peers[consumer], secret, deploy.connect_timeout))
                 outputs.append(Output(o, chans, key_fns.get(o.key_operator), tail))
         except BaseException as e:  # noqa: BLE001 - re-raised on the task thread below
             connect_error.append(e)
@@ -130,7 +129,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     # other would deadlock.
     connector = threading.Thread(target=connect_outputs, name="connect-outputs", daemon=True)
     connector.start()
-    inputs = accept_inputs(listener, {c.id: c.back_edge for c in spec.inputs}, secret, CONNECT_TIMEOUT)
+    inputs = accept_inputs(listener, {c.id: c.back_edge for c in spec.inputs}, secret, deploy.connect_timeout)
     listener.close()
     connector.join()
     if connect_error:
@@ -209,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         cause = e.__cause__ or e
         fatal = e.fatal or bool(getattr(cause, "fatal", False))  # e.g. a source that changed under us
         record, digest = (record_repr(e.record), _record_digest(e.record)) if e.has_record else ("", "")
+        if isinstance(cause, OSError):
+            digest = ""  # I/O, connection and timeout errors may pass on a retry: never a poison record
         _report(control, task_id, e.operator, "".join(traceback.format_exception(cause)), fatal, record, digest)
         return 1
     except LoopNotQuiet as e:

@@ -108,3 +108,20 @@ def test_expired_checkpoints_name_the_tasks_and_fail_over_after_the_tolerable_nu
     assert "checkpoints in a row expired" in text and "tolerable_failed_checkpoints=1" in text
     err = capsys.readouterr().err
     assert "expired after checkpoint_timeout=0.06s; not acknowledged by:" in err
+
+
+def flaky_backend(x):
+    import os
+
+    if x == 300 and int(os.environ.get("ABS_ENGINE_ATTEMPT", "0")) < 2:
+        raise ConnectionError("backend unavailable")  # an outage that lasts two attempts
+    return x
+
+
+def test_a_transient_io_error_on_the_same_record_is_retried_not_called_poison(tmp_path):
+    sink = CapturingSink(tmp_path / "c")
+    flow = Dataflow("flaky")
+    flow.source(TestingSource(range(1000))).map(flaky_backend, name="call").sink(sink)
+    res = flow.run(restart_attempts=5, restart_delay=0)
+    assert res.restarts == 2
+    assert sorted(sink.records()) == list(range(1000))
