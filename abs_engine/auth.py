@@ -25,6 +25,7 @@ import hmac
 import os
 import socket
 import time
+from typing import Callable
 
 from .errors import ProtocolError, ProtocolErrorReason
 
@@ -177,3 +178,27 @@ class Incoming:
                 raise ProtocolError(ProtocolErrorReason.CLOSED, "the peer closed the connection before its first frame")
         self.reader.feed(data)
         return self.reader.next_frame()
+
+
+MAX_PENDING = 256  #: unauthenticated connections kept at once; beyond it the oldest is dropped
+
+
+def admit(listener: socket.socket, secret: bytes, max_frame: int, pending: "dict[socket.socket, Incoming]",
+          drop: "Callable[[socket.socket], None]") -> Incoming | None:
+    """Accept one connection and send it the challenge; the caller keeps it in ``pending``
+    (and a selector) until ``on_readable`` yields its first frame. A failed accept (out of
+    descriptors: a flood?) yields None; beyond MAX_PENDING the oldest pending one is dropped."""
+    try:
+        sock, _ = listener.accept()
+    except OSError:
+        return None  # the pending ones expire first, freeing descriptors
+    if len(pending) >= MAX_PENDING:
+        drop(min(pending, key=lambda s: pending[s].hs.deadline))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    conn = Incoming(sock, secret, max_frame)
+    try:
+        conn.start()
+    except OSError:
+        sock.close()
+        return None
+    return conn

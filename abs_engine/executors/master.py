@@ -48,9 +48,6 @@ if TYPE_CHECKING:
     from ..api import Dataflow
 
 
-MAX_PENDING = 256  #: unauthenticated connections kept at once; beyond it the oldest is dropped
-
-
 class JobCancelled(Exception):
     """``stop_when`` asked to stop: the workers are killed; run() returns the result."""
 
@@ -291,21 +288,9 @@ class JobMaster:
                     drop(sock)
                 for key, _ in sel.select(timeout=0.05):
                     if key.data is None:
-                        try:
-                            sock, _ = listener.accept()
-                        except OSError:
-                            continue  # out of descriptors (a flood?): the pending ones expire first
-                        if len(pending) >= MAX_PENDING:
-                            drop(min(pending, key=lambda s: pending[s].hs.deadline))  # the oldest stranger
-                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                        conn = auth.Incoming(sock, secret, codec.MAX_CONTROL_FRAME)
-                        try:
-                            conn.start()
-                        except OSError:
-                            sock.close()
-                            continue
-                        pending[sock] = conn
-                        sel.register(sock, selectors.EVENT_READ, sock)
+                        if (new := auth.admit(listener, secret, codec.MAX_CONTROL_FRAME, pending, drop)) is not None:
+                            pending[new.sock] = new
+                            sel.register(new.sock, selectors.EVENT_READ, new.sock)
                         continue
                     sock = key.data
                     conn = pending[sock]

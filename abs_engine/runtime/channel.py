@@ -101,7 +101,6 @@ class InputChannel:
 
 
 HELLO_MAX = 4096  #: a HELLO frame carries one channel id
-MAX_PENDING = 256  #: unauthenticated connections kept at once; beyond it the oldest is dropped
 
 
 def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: bytes,
@@ -132,21 +131,9 @@ def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: by
                 drop(p)
             for key, _ in sel.select(timeout=min(0.5, max(0.0, deadline - now))):
                 if key.data is None:
-                    try:
-                        sock, _ = listener.accept()
-                    except OSError:
-                        continue  # out of descriptors (a flood?): the pending ones expire first
-                    if len(pending) >= MAX_PENDING:
-                        drop(min(pending.values(), key=lambda q: q.hs.deadline))  # the oldest stranger
-                    sock.setblocking(False)
-                    p = auth.Incoming(sock, secret, HELLO_MAX)
-                    try:
-                        p.start()
-                    except OSError:
-                        sock.close()
-                        continue
-                    pending[sock] = p
-                    sel.register(sock, selectors.EVENT_READ, p)
+                    if (new := auth.admit(listener, secret, HELLO_MAX, pending, lambda s: drop(pending[s]))) is not None:
+                        pending[new.sock] = new
+                        sel.register(new.sock, selectors.EVENT_READ, new)
                     continue
                 p = key.data
                 try:
@@ -163,7 +150,6 @@ def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: by
                                         f"an authenticated peer opened an unexpected data channel {cid!r}")
                 sel.unregister(p.sock)
                 del pending[p.sock]
-                p.sock.setblocking(True)
                 tune(p.sock)
                 reader = codec.FrameReader()
                 reader.feed(p.reader.take_rest())
