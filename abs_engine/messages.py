@@ -9,6 +9,8 @@ so the hot path never builds an object per batch.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -223,9 +225,29 @@ def encode(msg: Message) -> bytes:
     return codec.frame(codec.FrameKind.CONTROL, codec.pack([msg.TAG, *fields]))
 
 
+def _wire_types(cls: type[Message]) -> list[tuple[str, tuple[type, ...]]]:
+    """Per field, the Python types msgpack may decode its annotation into (a float field
+    also takes an int: msgpack keeps 1.0 and 1 apart, senders need not)."""
+    out = []
+    for f, hint in typing.get_type_hints(cls).items():
+        if f == "TAG":
+            continue
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        allowed: list[type] = []
+        for a in args:
+            base = typing.get_origin(a) or a
+            allowed += {float: [float, int], type(None): [type(None)]}.get(base, [base])
+        out.append((f, tuple(allowed)))
+    return out
+
+
+_TYPES = {tag: _wire_types(cls) for tag, cls in _REGISTRY.items()}
+
+
 def decode(payload: bytes) -> Message:
-    """A message from its frame payload; ProtocolError(MALFORMED) for anything else, so a
-    bad frame fails the connection it came on, never the reader."""
+    """A message from its frame payload, every field of its declared type;
+    ProtocolError(MALFORMED) for anything else, so a bad frame fails the connection it came
+    on, never the reader."""
     try:
         doc = codec.unpack(payload)
         if not isinstance(doc, tuple) or not doc or not isinstance(doc[0], str):
@@ -234,6 +256,10 @@ def decode(payload: bytes) -> Message:
         cls = _REGISTRY.get(tag)
         if cls is None:
             raise ValueError(f"unknown message tag {tag[:40]!r}")
-        return cls(*fields)
+        msg = cls(*fields)
+        for name, allowed in _TYPES[tag]:
+            if not isinstance(getattr(msg, name), allowed):
+                raise ValueError(f"field {name!r} of {tag!r} is a {type(getattr(msg, name)).__name__}")
+        return msg
     except Exception as e:  # noqa: BLE001 - any decoding failure is the sender's fault
         raise ProtocolError(ProtocolErrorReason.MALFORMED, f"malformed control message: {e}") from None

@@ -194,12 +194,16 @@ class KillOnCheckpoints:
         self.seen += 1
         if self.seen not in self.after or not pids:
             return None
-        task = _kill_one(self.rng, pids)
+        task = self.kill(pids)
         if task is None:
             return None
         self.killed.append(task)
         self.killed_after.append(checkpoint_id)
         return task
+
+    def kill(self, pids: dict[str, int]) -> str | None:
+        """The kill itself: a seeded-random live worker (override to kill something else)."""
+        return _kill_one(self.rng, pids)
 
 
 def write_zipf_corpus(path: str | os.PathLike[str], words: int, vocabulary: int = 10_000,

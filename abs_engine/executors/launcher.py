@@ -32,6 +32,9 @@ class WorkerProcess(Protocol):
     def dump_stacks(self) -> None:
         """Ask it to write its Python stacks to its stderr (faulthandler), if reachable."""
 
+    def describe_exit(self, code: int) -> str:
+        """How it ended, for the error the user sees ("killed by signal 9", ...)."""
+
 
 class Launcher(Protocol):
     """Starts and stops the worker processes of the attempts of one job."""

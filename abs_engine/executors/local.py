@@ -66,6 +66,9 @@ class LocalProcess:
         except ProcessLookupError:
             pass
 
+    def describe_exit(self, code: int) -> str:
+        return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+
 
 def reap(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
     """Wait for every process to exit, all against one deadline (not one timeout each);

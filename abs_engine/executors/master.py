@@ -306,10 +306,10 @@ class JobMaster:
                         continue
                     sel.unregister(sock)
                     del pending[sock]
-                    if isinstance(msg, messages.Failed) and isinstance(msg.task, str) and msg.task in workers:
+                    if isinstance(msg, messages.Failed) and msg.task in workers:
                         raise WorkerFailure(msg.task, msg.operator, "failed at start-up", msg.traceback, msg.fatal)
-                    if not isinstance(msg, messages.Hello) or not _well_typed_hello(msg) or msg.generation != gen \
-                            or msg.task not in workers or msg.task in peers:
+                    if not isinstance(msg, messages.Hello) or msg.generation != gen or msg.task not in workers \
+                            or msg.task in peers:
                         sock.close()
                         continue
                     w = workers[msg.task]
@@ -351,18 +351,13 @@ class JobMaster:
             try:
                 while (frame := w.reader.next_frame()) is not None:
                     m = messages.decode(frame[1])
-                    if isinstance(m, messages.Failed) and m.task == w.task and isinstance(m.operator, str) \
+                    if isinstance(m, messages.Failed) and m.task == w.task \
                             and not m.operator.startswith(("<upstream", "<downstream")):
                         return WorkerFailure(m.task, m.operator, "raised an exception", m.traceback, m.fatal,
                                              m.record, m.digest)
             except ProtocolError:
                 pass  # its last words are garbled: fall back to the exit status
-        detail = getattr(w.proc, "exit_detail", None)
-        if detail is not None:
-            how = detail(code)
-        else:
-            how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
-        return WorkerFailure(w.task, None, f"worker process {w.proc.pid or '?'} {how}")
+        return WorkerFailure(w.task, None, f"worker process {w.proc.pid or '?'} {w.proc.describe_exit(code)}")
 
     def _chaos(self, workers: dict[str, Worker]) -> None:
         chaos = self.config.chaos
@@ -435,7 +430,7 @@ class JobMaster:
                     except ProtocolError as e:
                         raise WorkerFailure(w.task, None, f"broke the control protocol ({e})") from None
                     except (TypeError, ValueError, KeyError, AttributeError) as e:
-                        # a well-framed message with fields of the wrong types: that worker's fault
+                        # well typed (decode checks that) but naming what does not exist: that worker's fault
                         raise WorkerFailure(w.task, None, f"sent a malformed message ({type(e).__name__}: {e})") \
                             from None
                 now = time.monotonic()
@@ -573,11 +568,6 @@ class JobMaster:
             f"checkpoints {self.result.checkpoints_completed}{last}  restarts {self.result.restarts}",
             file=sys.stderr, flush=True,
         )
-
-
-def _well_typed_hello(m: messages.Hello) -> bool:
-    return (isinstance(m.task, str) and isinstance(m.generation, int) and isinstance(m.host, str)
-            and isinstance(m.port, int) and isinstance(m.pid, int))
 
 
 def _live_pids(workers: dict[str, Worker]) -> dict[str, int]:

@@ -152,7 +152,7 @@ class SparkWorker:
             return 1  # the stage failed (an executor lost, a task failed): this worker is gone
         return code
 
-    def exit_detail(self, code: int) -> str:
+    def describe_exit(self, code: int) -> str:
         if self.stage.error is not None and self.task not in self.stage.exit_codes:
             first = str(self.stage.error).strip().splitlines()
             return f"its Spark barrier stage failed ({first[0][:300] if first else type(self.stage.error).__name__})"

@@ -28,7 +28,7 @@ from .. import codec, messages
 from ..errors import FencedOut, SerializationError
 from ..plan import TaskSpec
 from .alignment import BarrierAligner, Outcome
-from .backedge import BackEdgeLog, BackEdgeOutcome, Session
+from .backedge import BackEdgeLog, Session
 from .channel import InputChannel
 from .control import ControlLink
 from .output import OperatorFailure, Output

@@ -328,6 +328,8 @@ def test_deploy_plan_survives_the_wire() -> None:
 @pytest.mark.parametrize("payload", [
     b"", b"\xc1", pack(42), pack([]), pack([7, 1]), pack(["no-such-tag", 1]), pack(["ack", 1]),
     pack(["failed", "t", "op"]), pack({"tag": "ack"}),
+    pack(["hello", {"a": 1}, 0, "h", 1, 2]),  # a task that is a map: it would crash a dict lookup
+    pack(["ack", "1", "t", "f", 1, "0" * 64, 0.0, 0, False]),  # a checkpoint id that is a string
 ])
 def test_malformed_control_messages_raise_protocol_error_never_anything_else(payload: bytes) -> None:
     from abs_engine.errors import ProtocolError, ProtocolErrorReason

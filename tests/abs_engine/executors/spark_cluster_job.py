@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -26,32 +25,23 @@ from operators import FileSink, TextFileSource
 MASTER = "local-cluster[2,1,1024]"
 
 
-class KillExecutor:
-    """SIGKILL one of this driver's executor JVMs right after the given checkpoint."""
+class KillExecutor(KillOnCheckpoints):
+    """SIGKILL one of this driver's executor JVMs (not an engine worker) right after the
+    given checkpoint completions."""
 
     def __init__(self, after: int, jvm_pid: int):
-        self.after, self.jvm_pid = after, jvm_pid
-        self.seen = 0
-        self.killed: list[str] = []
-        self.killed_after: list[int] = []
+        super().__init__([after], seed=1)
+        self.jvm_pid = jvm_pid
 
-    def poll(self, elapsed: float, pids: dict[str, int]) -> None:
-        return None
-
-    def on_checkpoint(self, checkpoint_id: int, pids: dict[str, int]) -> str | None:
-        self.seen += 1
-        if self.seen != self.after:
-            return None
+    def kill(self, pids: dict[str, int]) -> str | None:
         # Spark's Worker runs inside the driver JVM here; executors are its children.
         out = subprocess.run(["pgrep", "-P", str(self.jvm_pid), "-f", "CoarseGrainedExecutorBackend"],
                              capture_output=True, text=True).stdout.split()
         if not out:
             return None
-        victim = int(random.Random(1).choice(sorted(out)))
+        victim = int(self.rng.choice(sorted(out)))
         os.kill(victim, signal.SIGKILL)
-        self.killed.append(f"executor {victim}")
-        self.killed_after.append(checkpoint_id)
-        return self.killed[-1]
+        return f"executor {victim}"
 
 
 def main(corpus: str, out: str, ckdir: str, kill: str) -> dict[str, Any]:
