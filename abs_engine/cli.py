@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from .api import Dataflow
-from .checkpoint.storage import CheckpointStorage
+from .checkpoint.remote import open_storage
 from .errors import AbsEngineError, CheckpointError, CheckpointErrorReason
 
 
@@ -67,7 +67,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    storage = CheckpointStorage(args.dir)
+    storage = open_storage(args.dir)
     ids = storage.ids_on_disk()
     if not ids:
         print(f"no checkpoints in {storage.root}")
@@ -86,7 +86,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    storage = CheckpointStorage(args.dir)
+    storage = open_storage(args.dir)
     cid = args.id
     if cid is None:
         meta, _ = storage.latest_valid()

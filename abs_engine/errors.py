@@ -49,6 +49,7 @@ class CheckpointErrorReason(enum.Enum):
     FOREIGN_JOB = "foreign_job"  #: the checkpoint belongs to another job (job id differs)
     UNSAFE_PATH = "unsafe_path"  #: a name or file that escapes or is not a plain regular file
     TOO_LARGE = "too_large"  #: a file larger than its recorded (or the maximum) size
+    UNREACHABLE = "unreachable"  #: the storage (an object store, HDFS) cannot be reached or refused
 
 
 class CheckpointError(AbsEngineError):

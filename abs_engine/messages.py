@@ -41,6 +41,7 @@ class Deploy(Message):
     heartbeat_interval: float = 1.0  #: seconds between the worker's heartbeats
     task_timeout: float = 0.0  #: a user function busy longer than this fails the task (0: never)
     connect_timeout: float = 60.0  #: for peers to connect and answer (they restore first)
+    fence_dir: str = ""  #: the directory of the fence file ("": checkpoint_dir, which is local)
 
 
 @dataclass(frozen=True)

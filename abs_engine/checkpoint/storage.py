@@ -266,6 +266,12 @@ def _verified_blob(chk_fd: int, shown_dir: str, task: str, name: str, size: int,
     what = f"checkpoint {checkpoint_id}: state file of task {task} ({shown})"
     check_name(name, what, checkpoint_id)
     data = _read_at(chk_fd, name, size, MAX_STATE_FILE, what, checkpoint_id)
+    check_blob(data, size, sha256, what, checkpoint_id)
+    return data
+
+
+def check_blob(data: bytes, size: int, sha256: str, what: str, checkpoint_id: int) -> None:
+    """CHECKSUM_MISMATCH unless ``data`` has the recorded length and sha256."""
     _check_length(data, size, what, checkpoint_id)
     if hashlib.sha256(data).hexdigest() != sha256:
         raise CheckpointError(
@@ -274,7 +280,6 @@ def _verified_blob(chk_fd: int, shown_dir: str, task: str, name: str, size: int,
             "the checkpoint was taken; the checkpoint is unusable (an older one is used if there is one)",
             checkpoint_id,
         )
-    return data
 
 
 # ---- metadata -----------------------------------------------------------------------------
@@ -366,6 +371,44 @@ class Metadata:
             duration_ms=need("duration_ms", (int, float)),
             job_id=job_id,
         )
+
+
+def encode_metadata(meta: Metadata) -> bytes:
+    """The bytes of a ``_metadata`` file: the body, its sha256, magic and format version."""
+    body = codec.pack(meta.to_dict())
+    return codec.pack({"magic": MAGIC, "version": FORMAT_VERSION, "body": body,
+                       "sha256": hashlib.sha256(body).hexdigest()})
+
+
+def parse_metadata(raw: bytes, checkpoint_id: int, path: str) -> Metadata:
+    """Metadata from the bytes of a ``_metadata`` file, validated field by field:
+    CORRUPT_METADATA (or UNSAFE_PATH for a name that leaves the directory), never a
+    msgpack error."""
+    try:
+        doc = codec.unpack(raw)
+        if not isinstance(doc, dict):
+            raise ValueError("not a map")
+        if doc.get("magic") != MAGIC:
+            raise ValueError("bad magic")
+        if doc.get("version") != FORMAT_VERSION:
+            raise ValueError(f"format version {doc.get('version')!r}, this engine reads {FORMAT_VERSION}")
+        body = doc["body"]
+        if not isinstance(body, bytes) or hashlib.sha256(body).hexdigest() != doc["sha256"]:
+            raise ValueError("metadata checksum mismatch")
+        meta = Metadata.from_dict(codec.unpack(body))
+        if meta.checkpoint_id != checkpoint_id:
+            raise ValueError(f"it names checkpoint {meta.checkpoint_id} (copied from another checkpoint?)")
+        return meta
+    except _UnsafeName as e:
+        raise CheckpointError(_R.UNSAFE_PATH,
+                              f"checkpoint {checkpoint_id}: metadata {path} references a file outside its "
+                              f"directory ({e}): it was tampered with; delete the checkpoint",
+                              checkpoint_id) from e
+    except Exception as e:
+        raise CheckpointError(_R.CORRUPT_METADATA,
+                              f"checkpoint {checkpoint_id}: metadata {path} is corrupt ({e}); "
+                              "the checkpoint is unusable (an older one is used if there is one)",
+                              checkpoint_id) from e
 
 
 class _UnsafeName(ValueError):
@@ -495,6 +538,7 @@ class CheckpointStorage:
         if retain < 1:
             raise ValueError("retain must be >= 1")
         self.root = os.path.realpath(root)
+        self.shown = self.root  #: how the root appears in messages (a URI without credentials)
         self.retain = retain
 
     def dir_of(self, checkpoint_id: int) -> str:
@@ -528,9 +572,10 @@ class CheckpointStorage:
         cid = meta.checkpoint_id
         for task, e in meta.tasks.items():
             check_name(e.file, f"checkpoint {cid}: state file of task {task}", cid)
-        body = codec.pack(meta.to_dict())
-        doc = codec.pack({"magic": MAGIC, "version": FORMAT_VERSION, "body": body,
-                          "sha256": hashlib.sha256(body).hexdigest()})
+        return self._put_metadata(cid, encode_metadata(meta))
+
+    def _put_metadata(self, cid: int, doc: bytes) -> str:
+        """Make ``doc`` the checkpoint's ``_metadata``, atomically (the commit point)."""
         d = self.dir_of(cid)
         chk_fd = _open_chk(self.root, cid, create=True)
         try:
@@ -602,6 +647,12 @@ class CheckpointStorage:
     def load_metadata(self, checkpoint_id: int) -> Metadata:
         """The metadata of a checkpoint, read safely (bounded by MAX_METADATA, no link
         followed, a FIFO never waited on) and validated field by field."""
+        raw, path = self._read_metadata_raw(checkpoint_id)
+        return parse_metadata(raw, checkpoint_id, path)
+
+    def _read_metadata_raw(self, checkpoint_id: int) -> tuple[bytes, str]:
+        """The bytes of ``_metadata`` (bounded by MAX_METADATA) and how its path is shown;
+        MISSING_METADATA if there is none."""
         path = os.path.join(self.dir_of(checkpoint_id), METADATA)
         try:
             chk_fd = _open_chk(self.root, checkpoint_id)
@@ -620,43 +671,27 @@ class CheckpointStorage:
             raise
         finally:
             os.close(chk_fd)
-        try:
-            doc = codec.unpack(raw)
-            if not isinstance(doc, dict):
-                raise ValueError("not a map")
-            if doc.get("magic") != MAGIC:
-                raise ValueError("bad magic")
-            if doc.get("version") != FORMAT_VERSION:
-                raise ValueError(f"format version {doc.get('version')!r}, this engine reads {FORMAT_VERSION}")
-            body = doc["body"]
-            if not isinstance(body, bytes) or hashlib.sha256(body).hexdigest() != doc["sha256"]:
-                raise ValueError("metadata checksum mismatch")
-            meta = Metadata.from_dict(codec.unpack(body))
-            if meta.checkpoint_id != checkpoint_id:
-                raise ValueError(f"it names checkpoint {meta.checkpoint_id} (copied from another checkpoint?)")
-            return meta
-        except _UnsafeName as e:
-            raise CheckpointError(_R.UNSAFE_PATH,
-                                  f"checkpoint {checkpoint_id}: metadata {path} references a file outside its "
-                                  f"directory ({e}): it was tampered with; delete the checkpoint",
-                                  checkpoint_id) from e
-        except Exception as e:
-            raise CheckpointError(_R.CORRUPT_METADATA,
-                                  f"checkpoint {checkpoint_id}: metadata {path} is corrupt ({e}); "
-                                  "the checkpoint is unusable (an older one is used if there is one)",
-                                  checkpoint_id) from e
+        return raw, path
 
-    def _snapshots(self, checkpoint_id: int, meta: Metadata) -> dict[str, TaskSnapshotData]:
+    def _read_blobs(self, checkpoint_id: int, meta: Metadata, tasks: list[str]) -> dict[str, tuple[bytes, str]]:
+        """The verified bytes of the given tasks' state files (size and sha256 as in
+        ``meta``), each with how its path is shown."""
         d = self.dir_of(checkpoint_id)
         chk_fd = _open_chk(self.root, checkpoint_id)
         try:
             out = {}
-            for task, e in meta.tasks.items():
+            for task in tasks:
+                e = meta.tasks[task]
                 blob = _verified_blob(chk_fd, d, task, e.file, e.size, e.sha256, checkpoint_id)
-                out[task] = decode_snapshot(blob, f"{os.path.join(d, e.file)} (task {task})", checkpoint_id)
+                out[task] = (blob, os.path.join(d, e.file))
             return out
         finally:
             os.close(chk_fd)
+
+    def _snapshots(self, checkpoint_id: int, meta: Metadata) -> dict[str, TaskSnapshotData]:
+        blobs = self._read_blobs(checkpoint_id, meta, list(meta.tasks))
+        return {task: decode_snapshot(blob, f"{shown} (task {task})", checkpoint_id)
+                for task, (blob, shown) in blobs.items()}
 
     def verify(self, checkpoint_id: int) -> Metadata:
         """Load the metadata, check size and sha256 of every file it references, and decode
@@ -682,12 +717,14 @@ class CheckpointStorage:
             try:
                 meta = self.verify(cid)
             except CheckpointError as e:
+                if e.reason is _R.UNREACHABLE:
+                    raise  # the store is down, not the checkpoint: never fall back past it
                 skipped.append(e)
                 continue
             if job_id is not None and meta.job_id and meta.job_id != job_id:
                 skipped.append(CheckpointError(
                     _R.FOREIGN_JOB,
-                    f"checkpoint {cid} in {self.root} belongs to job id {meta.job_id!r}, not {job_id!r}: "
+                    f"checkpoint {cid} in {self.shown} belongs to job id {meta.job_id!r}, not {job_id!r}: "
                     "two jobs must not share a checkpoint directory; give each job a directory of its own",
                     cid,
                 ))
@@ -695,7 +732,7 @@ class CheckpointStorage:
             if fingerprint is not None and meta.fingerprint != fingerprint:
                 raise CheckpointError(
                     _R.PLAN_MISMATCH,
-                    f"checkpoint {cid} in {self.root} was taken by a job of another shape "
+                    f"checkpoint {cid} in {self.shown} was taken by a job of another shape "
                     "(operators, parallelism or edges changed): restore with the same dataflow, "
                     "or use an empty checkpoint directory",
                     cid,
@@ -707,14 +744,8 @@ class CheckpointStorage:
         """One task's decoded snapshot, read with every check (``meta`` defaults to
         verify()'s; the file is checked against it again either way)."""
         meta = meta or self.verify(checkpoint_id)
-        e = meta.tasks[task]
-        d = self.dir_of(checkpoint_id)
-        chk_fd = _open_chk(self.root, checkpoint_id)
-        try:
-            blob = _verified_blob(chk_fd, d, task, e.file, e.size, e.sha256, checkpoint_id)
-        finally:
-            os.close(chk_fd)
-        return decode_snapshot(blob, os.path.join(d, e.file), checkpoint_id)
+        blob, shown = self._read_blobs(checkpoint_id, meta, [task])[task]
+        return decode_snapshot(blob, shown, checkpoint_id)
 
     def read_state(self, checkpoint_id: int, task: str, meta: Metadata | None = None) -> dict[str, Any]:
         """Decoded per-operator state of one task (``meta`` as in read_snapshot)."""

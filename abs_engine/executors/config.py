@@ -21,7 +21,10 @@ class JobConfig:
         (every interval: pause the sources, wait until counts prove nothing is in flight,
         snapshot every task, resume; the baseline ABS is measured against), or "none" (no
         periodic checkpoints: a failure restarts from scratch; the final commit still happens).
-    checkpoint_dir: where checkpoints go; a temporary directory (deleted after success) if None.
+    checkpoint_dir: where checkpoints go: a local directory, ``file:///shared/mount/...``, or a
+        remote URI that pyarrow.fs opens (``s3://bucket/prefix``, ``gs://``, ``hdfs://host/path``;
+        S3 endpoint and region may go in the query: ``?endpoint_override=host:port&scheme=http``,
+        credentials in the environment). A temporary directory (deleted after success) if None.
     resume: continue from the newest valid checkpoint already in ``checkpoint_dir``; without it
         a directory that holds checkpoints is refused (it belongs to another run).
     restart_attempts / restart_delay: fixed-delay restart strategy; a job that fails more than

@@ -33,10 +33,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .. import auth, codec, codeship, messages
+from .. import auth, codec, codeship, fs, messages
 from ..checkpoint import fence
 from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.lock import DirectoryLock
+from ..checkpoint.remote import RemoteStorage, control_dir, open_storage
 from ..checkpoint.storage import CheckpointStorage, Metadata
 from ..errors import AbsEngineError, CheckpointError, CheckpointErrorReason, JobFailed, ProtocolError, ProtocolErrorReason
 from ..graph import LogicalGraph
@@ -107,6 +108,7 @@ class JobMaster:
         self.source_progress: dict[str, int] = {}
         self.job_id = ""  #: a fresh run's own id, or adopted from the checkpoints it resumes
         self.run_nonce = secrets.token_hex(8)  #: this driver process's run, in fence tokens
+        self.control_dir = ""  #: where the lock and the output fence live (see remote.control_dir)
         #: (operator, record digest) of failures seen: the same again after a restart is a poison record.
         self.failed_records: set[tuple[str | None, str]] = set()
         self.consecutive_expired = 0
@@ -138,19 +140,23 @@ class JobMaster:
     def _run(self) -> JobResult:
         cfg = self.config
         temp = cfg.checkpoint_dir is None
-        ckdir = (tempfile.mkdtemp(prefix="abs-engine-ckpt-") if cfg.checkpoint_dir is None
-                 else os.path.abspath(cfg.checkpoint_dir))
-        os.makedirs(ckdir, exist_ok=True)
-        self.result.checkpoint_dir = ckdir
+        location = (tempfile.mkdtemp(prefix="abs-engine-ckpt-") if cfg.checkpoint_dir is None
+                    else cfg.checkpoint_dir if fs.is_remote(cfg.checkpoint_dir) else fs.local_path(cfg.checkpoint_dir))
+        storage = open_storage(location, cfg.retained_checkpoints)
+        if isinstance(storage, RemoteStorage):
+            storage.make_root()  # an unreachable store or a missing bucket fails here, at once
+        else:
+            os.makedirs(location, exist_ok=True)
+        self.control_dir = control_dir(location)
+        self.result.checkpoint_dir = storage.shown
         # Held for the life of the job: a second job, or a second --resume, is refused.
-        lock = DirectoryLock(ckdir, self.plan.job)
+        lock = DirectoryLock(self.control_dir, self.plan.job)
         lock.acquire()
         try:
-            storage = CheckpointStorage(ckdir, cfg.retained_checkpoints)
             if storage.completed_ids() and not cfg.resume:
                 raise CheckpointError(
                     CheckpointErrorReason.DIRECTORY_NOT_EMPTY,
-                    f"checkpoint directory {ckdir} already holds checkpoints {storage.completed_ids()} "
+                    f"checkpoint directory {storage.shown} already holds checkpoints {storage.completed_ids()} "
                     "of an earlier run: pass resume=True (--resume) to continue from them, or use an empty directory",
                 )
             self.started = time.monotonic()
@@ -160,7 +166,7 @@ class JobMaster:
         finally:
             lock.release()
             if temp:
-                shutil.rmtree(ckdir, ignore_errors=True)
+                shutil.rmtree(location, ignore_errors=True)
 
     def _attempts(self, storage: CheckpointStorage) -> None:
         """Run attempts under the restart strategy until one succeeds or it gives up."""
@@ -230,7 +236,7 @@ class JobMaster:
         secret = auth.new_secret()  # this attempt's: workers of older attempts do not know it
         self.consecutive_expired = 0
         token = f"{self.job_id}/{self.run_nonce}/{gen}"
-        killed = fence.advance(storage.root, token)
+        killed = fence.advance(self.control_dir, token)
         if killed:
             self._log(f"killed stale worker(s) {killed} that held the output fence (from a dead attempt)")
         try:
@@ -251,7 +257,8 @@ class JobMaster:
                 self._send(workers[t.id], messages.Deploy(
                     self.plan.to_dict(), self.code, peers, restore,
                     bool(meta is not None and meta.final), storage.root, token,
-                    cfg.heartbeat_interval, cfg.task_timeout, cfg.startup_timeout))
+                    cfg.heartbeat_interval, cfg.task_timeout, cfg.startup_timeout,
+                    fence_dir=self.control_dir))
             self._drive(workers, storage, meta, next_id)
         finally:
             self.launcher.stop({t: w.proc for t, w in workers.items()}, timeout=10.0)

@@ -16,7 +16,6 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 import selectors
 import time
 from collections import deque
@@ -250,8 +249,7 @@ class Task:
         blob = codec.pack({"task": self.spec.id, "checkpoint_id": s.checkpoint_id, "operators": states,
                            "logs": logs, "finished": finished})
         name = f"{self.spec.id}.{self.file_tag}.state" if self.file_tag else f"{self.spec.id}.state"
-        path = os.path.join(self.checkpoint_dir, f"chk-{s.checkpoint_id:06d}", name)
-        self.writer.submit(s.checkpoint_id, path, blob, alignment_ms, s.logged, finished)
+        self.writer.submit(s.checkpoint_id, name, blob, alignment_ms, s.logged, finished)
 
     def _release(self, channels: tuple[str, ...]) -> None:
         for cid in channels:

@@ -31,7 +31,8 @@ from typing import Any
 
 from .. import codec, codeship, messages
 from ..checkpoint.fence import Fence
-from ..checkpoint.storage import TaskSnapshotData, load_task_snapshot
+from ..checkpoint.remote import load_task_state
+from ..checkpoint.storage import TaskSnapshotData
 from ..errors import CheckpointError, FencedOut, ProtocolError
 from ..plan import Plan
 from .channel import ChannelClosed, OutputChannel, accept_inputs
@@ -45,8 +46,8 @@ from .writer import SnapshotWriter
 
 def _load_state(restore: dict[str, Any]) -> TaskSnapshotData:
     """The task's snapshot: a plain file name inside its checkpoint, no symlink followed,
-    read up to the size in the metadata, checksummed, then decoded (storage.py)."""
-    return load_task_snapshot(restore["root"], int(restore["checkpoint_id"]), restore["file"],
+    read up to the size in the metadata, checksummed, then decoded (storage.py, remote.py)."""
+    return load_task_state(restore["root"], int(restore["checkpoint_id"]), restore["file"],
                               int(restore["size"]), restore["sha256"])
 
 
@@ -62,7 +63,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     code = codeship.load(deploy.code)  # user code from the authenticated driver, never data
     templates, key_fns = code["ops"], code["keys"]
     restored = deploy.restore is not None
-    fence = Fence(deploy.checkpoint_dir, deploy.fence) if deploy.fence else None
+    fence = Fence(deploy.fence_dir or deploy.checkpoint_dir, deploy.fence) if deploy.fence else None
     activity = Activity()
     watchdog = Watchdog(control, task_id, activity, deploy.heartbeat_interval, deploy.task_timeout)
     watchdog.start()
@@ -139,7 +140,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
         _report(control, task_id, "<checkpoint writer>", "".join(traceback.format_exception(e)), False)
         os._exit(1)
 
-    writer = SnapshotWriter(control, task_id, writer_failed)
+    writer = SnapshotWriter(control, task_id, deploy.checkpoint_dir, writer_failed)
     task = Task(spec, names, ops, source, source_name, outputs, inputs, control, writer, deploy.checkpoint_dir,
                 replay, restored_finished, activity, _file_tag(deploy.fence, generation))
     control.send(messages.Running(task_id))

@@ -829,16 +829,17 @@ def test_snapshot_writer_writes_through_the_checks(storage, tmp_path):
 
     errors: list[BaseException] = []
     control = _FakeControl()
-    writer = SnapshotWriter(control, "t#0", errors.append)  # type: ignore[arg-type]
+    writer = SnapshotWriter(control, "t#0", storage.root, errors.append)  # type: ignore[arg-type]
     blob = codec.pack({"task": "t#0", "checkpoint_id": 1, "operators": {}})
     os.makedirs(storage.root)
-    writer.submit(1, state_path(storage, 1, "t#0"), blob, 0.5, 0, False)
+    writer.submit(1, "t#0.state", blob, 0.5, 0, False)
     # A planted link for the next checkpoint: refused, reported, target untouched.
     target = tmp_path / "target"
     target.write_bytes(b"original")
     os.makedirs(storage.dir_of(2))
     os.symlink(str(target), state_path(storage, 2, "t#0"))
-    writer.submit(2, state_path(storage, 2, "t#0"), blob, 0.5, 0, False)
+    writer.submit(2, "t#0.state", blob, 0.5, 0, False)
+    writer.submit(3, "../t#0.state", blob, 0.5, 0, False)  # not a plain name: refused, nothing written
     writer.flush()
     with open(state_path(storage, 1, "t#0"), "rb") as f:
         assert f.read() == blob
@@ -846,9 +847,10 @@ def test_snapshot_writer_writes_through_the_checks(storage, tmp_path):
     ack = control.sent[0]
     assert (ack.checkpoint_id, ack.file, ack.size) == (1, "t#0.state", len(blob))  # type: ignore[attr-defined]
     assert ack.sha256 == hashlib.sha256(blob).hexdigest()  # type: ignore[attr-defined]
-    assert len(errors) == 1 and isinstance(errors[0], CheckpointError)
-    assert errors[0].reason is CheckpointErrorReason.UNSAFE_PATH
+    assert len(errors) == 2 and all(isinstance(e, CheckpointError) for e in errors)
+    assert [e.reason for e in errors] == [CheckpointErrorReason.UNSAFE_PATH] * 2  # type: ignore[attr-defined]
     assert target.read_bytes() == b"original"
+    assert not os.path.exists(os.path.join(storage.root, "t#0.state"))
 
 
 # ---- decoding, job identity, restore ------------------------------------------------------------

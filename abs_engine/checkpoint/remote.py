@@ -1,0 +1,201 @@
+"""Checkpoints on a remote store (``s3://``, ``gs://``, ``hdfs://``...), and the one entry
+point that picks local or remote storage from a location.
+
+The layout and the checks are those of storage.py (``ROOT/chk-000042/<task>.<tag>.state``
+and ``_metadata``); only the bytes move through ``abs_engine.fs.Store``. Invariants:
+- The commit rule object stores honour: state files first, then ``_metadata`` in one
+  atomic put, last (no rename on S3); a checkpoint without ``_metadata`` does not exist.
+  A reader never sees half a metadata object, so a crash at any moment leaves either the
+  old set of checkpoints or the old set plus the new one.
+- Everything read back is distrusted as on a local disk: names in metadata must be plain,
+  every read is bounded by the size in the metadata (or MAX_METADATA) before a byte is
+  buffered, and sizes and sha256s are checked before anything is decoded. There are no
+  symlinks or FIFOs on an object store, so those checks have nothing to do here.
+- State file names carry the attempt (``<task>.<tag>.state``), so a writer of an older
+  attempt can never replace a file that committed metadata references; a state file is
+  never put over an existing one (checked first: object stores have no O_EXCL, and the
+  per-attempt names make the check-then-put window harmless).
+- A store that cannot be reached is CheckpointError(UNREACHABLE), never a skipped
+  checkpoint: restoring an older checkpoint because the network failed would be wrong.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import fs
+from ..errors import CheckpointError, CheckpointErrorReason
+from .storage import (
+    _DIR_RE,
+    MAX_METADATA,
+    MAX_STATE_FILE,
+    METADATA,
+    CheckpointStorage,
+    Metadata,
+    TaskSnapshotData,
+    check_blob,
+    check_name,
+    chk_name,
+    decode_snapshot,
+    load_task_snapshot,
+    write_state_file,
+)
+
+_R = CheckpointErrorReason
+
+
+def _unreachable(e: BaseException, checkpoint_id: int | None = None) -> CheckpointError:
+    return CheckpointError(_R.UNREACHABLE, f"checkpoint storage unreachable: {e}", checkpoint_id)
+
+
+def _store(uri: str) -> fs.Store:
+    try:
+        return fs.Store(uri)
+    except fs.StoreError as e:
+        raise _unreachable(e) from e
+
+
+class RemoteStorage(CheckpointStorage):
+    """CheckpointStorage on a remote store; the same contract, the bytes through pyarrow.fs."""
+
+    def __init__(self, uri: str, retain: int = 3):
+        if retain < 1:
+            raise ValueError("retain must be >= 1")
+        self.store = _store(uri)
+        self.root = uri  # workers get the full URI (over the authenticated control link)
+        self.shown = self.store.shown
+        self.retain = retain
+
+    def dir_of(self, checkpoint_id: int) -> str:
+        return self.store.show(chk_name(checkpoint_id))
+
+    def make_root(self) -> None:
+        try:
+            self.store.make_root()
+        except fs.StoreError as e:
+            raise _unreachable(e) from e
+
+    def ids_on_disk(self) -> list[int]:
+        try:
+            names = self.store.list()
+        except fs.StoreError as e:
+            raise _unreachable(e) from e
+        return sorted(int(m.group(1)) for n in names if (m := _DIR_RE.match(n)))
+
+    def _has_metadata(self, checkpoint_id: int) -> bool:
+        try:
+            return self.store.exists(chk_name(checkpoint_id), METADATA)
+        except fs.StoreError as e:
+            raise _unreachable(e, checkpoint_id) from e
+
+    def _put_metadata(self, cid: int, doc: bytes) -> str:
+        try:
+            self.store.put((chk_name(cid), METADATA), doc)  # the commit point: one atomic put
+        except fs.StoreError as e:
+            raise _unreachable(e, cid) from e
+        return self.store.show(chk_name(cid), METADATA)
+
+    def _remove(self, checkpoint_id: int) -> None:
+        try:
+            self.store.delete_dir(chk_name(checkpoint_id))
+        except fs.StoreError:
+            pass  # pruning is best effort; the next prune tries again
+
+    def _read_metadata_raw(self, checkpoint_id: int) -> tuple[bytes, str]:
+        shown = self.store.show(chk_name(checkpoint_id), METADATA)
+        raw = _read(self.store, chk_name(checkpoint_id), METADATA, MAX_METADATA,
+                    f"checkpoint {checkpoint_id}: metadata {shown}", checkpoint_id, None)
+        return raw, shown
+
+    def _read_blobs(self, checkpoint_id: int, meta: Metadata, tasks: list[str]) -> dict[str, tuple[bytes, str]]:
+        out = {}
+        for task in tasks:
+            e = meta.tasks[task]
+            shown = self.store.show(chk_name(checkpoint_id), e.file)
+            out[task] = (_verified(self.store, checkpoint_id, task, e.file, e.size, e.sha256), shown)
+        return out
+
+
+def _read(store: fs.Store, chk: str, name: str, limit: int, what: str, checkpoint_id: int,
+          size: int | None) -> bytes:
+    """Bytes of ``chk/name``, bounded by ``limit``; typed errors as storage.py's."""
+    try:
+        return store.read((chk, name), limit)
+    except FileNotFoundError:
+        reason = _R.MISSING_METADATA if name == METADATA else _R.MISSING_FILE
+        raise CheckpointError(reason, f"{what} is missing", checkpoint_id) from None
+    except fs.TooLarge as e:
+        why = ("fails its checksum: it holds more bytes than recorded in the metadata" if size is not None
+               else "is larger than the maximum")
+        raise CheckpointError(_R.TOO_LARGE, f"{what} {why} ({e}); it was changed after the checkpoint was "
+                              "taken: the checkpoint is unusable (an older one is used if there is one)",
+                              checkpoint_id) from None
+    except fs.StoreError as e:
+        raise _unreachable(e, checkpoint_id) from e
+
+
+def _verified(store: fs.Store, checkpoint_id: int, task: str, name: str, size: int, sha256: str) -> bytes:
+    what = f"checkpoint {checkpoint_id}: state file of task {task} ({store.show(chk_name(checkpoint_id), name)})"
+    check_name(name, what, checkpoint_id)
+    if size > MAX_STATE_FILE:
+        raise CheckpointError(_R.TOO_LARGE, f"{what} is recorded as {size:,} bytes, more than the maximum of "
+                              f"{MAX_STATE_FILE:,}: the metadata is not trustworthy; delete the checkpoint",
+                              checkpoint_id)
+    data = _read(store, chk_name(checkpoint_id), name, size, what, checkpoint_id, size)
+    check_blob(data, size, sha256, what, checkpoint_id)
+    return data
+
+
+# ---- the entry points: a location is a local path or a URI ---------------------------------
+
+
+def open_storage(location: str, retain: int = 3) -> CheckpointStorage:
+    """The checkpoint storage at ``location``: a local path or ``file://`` URI (storage.py,
+    descriptor-safe), or a remote URI (RemoteStorage)."""
+    if fs.is_remote(location):
+        return RemoteStorage(location, retain)
+    return CheckpointStorage(fs.local_path(location), retain)
+
+
+def write_task_state(root: str, checkpoint_id: int, name: str, blob: bytes) -> str:
+    """A worker writes its state file ``root/chk-N/name`` (never over an existing file);
+    returns how the path is shown."""
+    if not fs.is_remote(root):
+        return write_state_file(root, checkpoint_id, name, blob)
+    store = _store(root)
+    chk = chk_name(checkpoint_id)
+    check_name(name, f"checkpoint {checkpoint_id}: state file {store.show(chk, str(name))}", checkpoint_id)
+    try:
+        if store.size(chk, name) is not None:
+            raise CheckpointError(_R.UNSAFE_PATH, f"{store.show(chk, name)} already exists (abs-engine did not "
+                                  "write it in this attempt): it is never overwritten; another job may be "
+                                  "writing this checkpoint location, use one of your own", checkpoint_id)
+        store.put((chk, name), blob)
+    except fs.StoreError as e:
+        raise _unreachable(e, checkpoint_id) from e
+    return store.show(chk, name)
+
+
+def load_task_state(root: str, checkpoint_id: int, name: str, size: int, sha256: str) -> TaskSnapshotData:
+    """A worker reads the state file it restores from, with every check (storage.py's
+    ``load_task_snapshot`` for local paths)."""
+    if not fs.is_remote(root):
+        return load_task_snapshot(root, checkpoint_id, name, size, sha256)
+    store = _store(root)
+    task = name[: -len(".state")] if name.endswith(".state") else name
+    blob = _verified(store, checkpoint_id, task, name, size, sha256)
+    return decode_snapshot(blob, store.show(chk_name(checkpoint_id), name), checkpoint_id)
+
+
+def control_dir(location: str) -> str:
+    """Where the job's lock and output fence live: the checkpoint directory itself when it
+    is local; for a remote location, a private directory on this machine named after it
+    (flock has no meaning on an object store; see the README's limits)."""
+    if not fs.is_remote(location):
+        return fs.local_path(location)
+    import hashlib
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    d = os.path.join(base, "abs-engine", "control", hashlib.sha256(fs.redact(location).encode()).hexdigest()[:24])
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return d

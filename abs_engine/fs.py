@@ -1,0 +1,225 @@
+"""Where files live: a local path, ``file://``, or a URI that ``pyarrow.fs`` opens
+(``s3://``, ``gs://``, ``abfs://``, ``hdfs://``, ``viewfs://``).
+
+Local paths (plain or ``file://``) stay with the callers' descriptor-based code, which
+refuses symlinks and FIFOs (checkpoint/storage.py); this module is the layer for
+everything else. Why pyarrow.fs and not fsspec: pyarrow is already a dependency (Spark
+partitions travel as Arrow batches), its S3/GCS/Azure/HDFS clients are the C++ ones with
+no further Python packages, and its API is small and typed; fsspec would add s3fs and
+aiobotocore for the same reach.
+
+Invariants:
+- ``put`` makes an object visible whole or not at all: on object stores (S3, GCS, Azure) a
+  single PUT (or a completed multipart upload) is atomic, so no rename is needed; on HDFS,
+  where a file is visible while it is written, the bytes go to a temporary name that is
+  renamed into place.
+- Every read is bounded: the size is looked up first and a file larger than the caller's
+  limit is refused unread; at most ``limit + 1`` bytes are ever read.
+- Names joined below a root are plain names (``checkpoint.storage.is_plain_name``); a path
+  never climbs out of its root.
+- URIs shown in errors and logs never carry credentials (``redact``).
+- Every failure of the store is an ``OSError`` subclass (``StoreError``) naming the URI.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import secrets
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+#: Schemes whose single PUT is atomic (visible whole or not at all).
+ATOMIC_PUT_SCHEMES = frozenset({"s3", "gs", "gcs", "abfs", "abfss", "az"})
+_SECRET_KEYS = frozenset({"secret_key", "session_token", "access_key", "password", "token"})
+_SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+class StoreError(OSError):
+    """A remote store could not be reached or refused an operation."""
+
+
+def is_uri(location: str) -> bool:
+    """``location`` has a scheme (``s3://...``, ``file://...``)."""
+    return bool(_SCHEME_RE.match(location))
+
+
+def is_remote(location: str) -> bool:
+    """``location`` is a URI that is not ``file://``: it goes through pyarrow.fs."""
+    return is_uri(location) and urlsplit(location).scheme.lower() != "file"
+
+
+def local_path(location: str) -> str:
+    """The absolute local path of a plain path or a ``file://`` URI."""
+    if is_uri(location):
+        parts = urlsplit(location)
+        if parts.scheme.lower() != "file":
+            raise ValueError(f"{redact(location)} is not a local path")
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"{location}: file:// URIs name no host (file:///path)")
+        return os.path.abspath(parts.path)
+    return os.path.abspath(location)
+
+
+def redact(location: str) -> str:
+    """``location`` with credentials in its query or user-info replaced by ``***``."""
+    if not is_uri(location):
+        return location
+    parts = urlsplit(location)
+    query = urlencode([(k, "***" if k.lower() in _SECRET_KEYS else v) for k, v in parse_qsl(parts.query)],
+                      safe="*:/")
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+@functools.lru_cache(maxsize=32)
+def _open(uri: str) -> tuple[Any, str]:
+    from pyarrow import fs as pafs
+
+    filesystem, path = pafs.FileSystem.from_uri(uri)
+    return filesystem, path.rstrip("/")
+
+
+class Store:
+    """A directory on a remote file system or object store, given by a URI."""
+
+    def __init__(self, uri: str):
+        if not is_remote(uri):
+            raise ValueError(f"{uri!r} is a local path: use it directly")
+        self.uri = uri.rstrip("/") if "?" not in uri else uri
+        self.shown = redact(uri)
+        self.scheme = urlsplit(uri).scheme.lower()
+        try:
+            self.fs, self.base = _open(uri)
+        except Exception as e:  # pyarrow raises ArrowInvalid (ValueError) or OSError
+            raise StoreError(f"cannot open {self.shown}: {e} (check the URI, its endpoint and the "
+                             "credentials in the environment)") from e
+
+    def path(self, *names: str) -> str:
+        """The store path of ``names`` below the root (each a plain name)."""
+        for n in names:
+            if not n or n in (".", "..") or "/" in n or "\\" in n or "\x00" in n:
+                raise ValueError(f"{n!r} is not a plain name below {self.shown}")
+        return "/".join([self.base, *names]) if self.base else "/".join(names)
+
+    def show(self, *names: str) -> str:
+        """How ``names`` below the root are shown: the redacted URI plus the names."""
+        head, sep, query = self.shown.partition("?")
+        return "/".join([head.rstrip("/"), *names]) + (sep + query if sep else "")
+
+    def _fail(self, what: str, names: tuple[str, ...], e: BaseException) -> StoreError:
+        return StoreError(f"{what} {self.show(*names)} failed: {e}")
+
+    def list(self, *names: str) -> list[str]:
+        """Base names of the entries directly below ``names`` (empty if there is nothing)."""
+        from pyarrow import fs as pafs
+
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.path(*names) if names else self.base,
+                                                            allow_not_found=True, recursive=False))
+        except Exception as e:
+            raise self._fail("listing", names, e) from e
+        return sorted(i.base_name for i in infos)
+
+    def size(self, *names: str) -> int | None:
+        """The size of file ``names`` in bytes, None if there is no such file."""
+        from pyarrow import fs as pafs
+
+        try:
+            info = self.fs.get_file_info(self.path(*names))
+        except Exception as e:
+            raise self._fail("looking up", names, e) from e
+        if info.type == pafs.FileType.NotFound:
+            return None
+        if info.type != pafs.FileType.File:
+            return -1  # a directory (prefix) where a file should be
+        return int(info.size)
+
+    def exists(self, *names: str) -> bool:
+        from pyarrow import fs as pafs
+
+        try:
+            return bool(self.fs.get_file_info(self.path(*names)).type != pafs.FileType.NotFound)
+        except Exception as e:
+            raise self._fail("looking up", names, e) from e
+
+    def read(self, names: tuple[str, ...], limit: int) -> bytes:
+        """The bytes of a file, at most ``limit``: FileNotFoundError if it is missing,
+        ``TooLarge`` if it holds more (nothing beyond ``limit + 1`` bytes is read)."""
+        try:
+            f = self.fs.open_input_file(self.path(*names))
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            if "not found" in str(e).lower() or "does not exist" in str(e).lower():
+                raise FileNotFoundError(self.show(*names)) from None
+            raise self._fail("opening", names, e) from e
+        try:
+            size = int(f.size())
+            if size > limit:
+                raise TooLarge(size, limit)
+            data = bytes(f.read(limit + 1))
+        except TooLarge:
+            raise
+        except Exception as e:
+            raise self._fail("reading", names, e) from e
+        finally:
+            f.close()
+        if len(data) > limit:
+            raise TooLarge(len(data), limit)
+        return data
+
+    def put(self, names: tuple[str, ...], data: bytes) -> None:
+        """Write ``data`` as file ``names``, visible whole or not at all (see the module
+        docstring); an existing file of that name is replaced."""
+        target = self.path(*names)
+        try:
+            if self.scheme in ATOMIC_PUT_SCHEMES:
+                with self.fs.open_output_stream(target) as out:
+                    out.write(data)
+            else:
+                tmp = target + f".tmp-{secrets.token_hex(6)}"
+                with self.fs.open_output_stream(tmp) as out:
+                    out.write(data)
+                self.fs.move(tmp, target)
+        except Exception as e:
+            raise self._fail("writing", names, e) from e
+
+    def delete_dir(self, *names: str) -> None:
+        """Delete directory (prefix) ``names`` and everything below it; missing is fine."""
+        try:
+            self.fs.delete_dir(self.path(*names))
+        except FileNotFoundError:
+            return
+        except Exception as e:
+            if "not found" in str(e).lower() or "does not exist" in str(e).lower():
+                return
+            raise self._fail("deleting", names, e) from e
+
+    def delete_file(self, *names: str) -> None:
+        try:
+            self.fs.delete_file(self.path(*names))
+        except FileNotFoundError:
+            return
+        except Exception as e:
+            raise self._fail("deleting", names, e) from e
+
+    def make_root(self) -> None:
+        """Make sure the root exists (a no-op on object stores, where prefixes are implicit;
+        an unreachable store or a missing bucket fails here, before any work is done)."""
+        try:
+            self.fs.create_dir(self.base, recursive=True)
+        except Exception as e:
+            raise self._fail("creating", (), e) from e
+
+
+class TooLarge(Exception):
+    """A file holds more bytes than the reader allows."""
+
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"{size:,}+ bytes, more than the {limit:,} allowed")
+        self.size = size
+        self.limit = limit
