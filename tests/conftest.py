@@ -62,3 +62,31 @@ def batch_word_count_dir(path: str) -> collections.Counter[str]:
     for name in sorted(os.listdir(path)):
         c.update(batch_word_count(os.path.join(path, name)))
     return c
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> object:
+    """A real S3-compatible server (moto's, over HTTP on loopback) for the whole run, with
+    one bucket; yields ``uri(prefix)`` -> an ``s3://`` URI that reaches it. Credentials
+    are dummies in the environment (worker processes inherit them)."""
+    from moto.server import ThreadedMotoServer
+    from pyarrow import fs as pafs
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        os.environ.setdefault(k, v)
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"{host}:{port}"
+    pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", region="us-east-1",
+                      allow_bucket_creation=True).create_dir("abs-test")
+
+    def uri(prefix: str) -> str:
+        return f"s3://abs-test/{prefix}?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+
+    yield uri
+    server.stop()

@@ -15,7 +15,7 @@ import queue
 import threading
 from typing import Callable
 
-from .. import messages
+from .. import fs, messages
 from ..checkpoint.remote import write_task_state
 from .control import ControlLink
 
@@ -41,6 +41,11 @@ class SnapshotWriter:
         self.jobs.join()
 
     def _run(self) -> None:
+        if fs.is_remote(self.root):
+            try:
+                fs.Store(self.root)  # connect while the task starts, not in the first checkpoint
+            except fs.StoreError:
+                pass  # reported by the first write, with the checkpoint it failed
         while True:
             job = self.jobs.get()
             try:
