@@ -32,12 +32,22 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 #: Schemes whose single PUT is atomic (visible whole or not at all).
 ATOMIC_PUT_SCHEMES = frozenset({"s3", "gs", "gcs", "abfs", "abfss", "az"})
+#: Temporary files of ``put`` are named ``.tmp-<12 hex>-<name>``: hidden from Spark and Hadoop
+#: readers (leading dot) and recognisable as leftovers of a crash (``is_leftover``).
+TMP_PREFIX = ".tmp-"
+_TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{12}-(.+)$")
 _SECRET_KEYS = frozenset({"secret_key", "session_token", "access_key", "password", "token"})
 _SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class StoreError(OSError):
     """A remote store could not be reached or refused an operation."""
+
+
+def leftover_of(name: str) -> str | None:
+    """The file name a crashed ``put`` was writing, if ``name`` is its temporary file."""
+    m = _TMP_RE.match(name)
+    return m.group(1) if m else None
 
 
 def is_uri(location: str) -> bool:
@@ -75,6 +85,12 @@ def redact(location: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def _check_plain(names: tuple[str, ...], shown: str) -> None:
+    for n in names:
+        if not n or n in (".", "..") or "/" in n or "\\" in n or "\x00" in n:
+            raise ValueError(f"{n!r} is not a plain name below {shown}")
+
+
 @functools.lru_cache(maxsize=32)
 def _open(uri: str) -> tuple[Any, str]:
     from pyarrow import fs as pafs
@@ -100,9 +116,7 @@ class Store:
 
     def path(self, *names: str) -> str:
         """The store path of ``names`` below the root (each a plain name)."""
-        for n in names:
-            if not n or n in (".", "..") or "/" in n or "\\" in n or "\x00" in n:
-                raise ValueError(f"{n!r} is not a plain name below {self.shown}")
+        _check_plain(names, self.shown)
         return "/".join([self.base, *names]) if self.base else "/".join(names)
 
     def show(self, *names: str) -> str:
@@ -181,7 +195,7 @@ class Store:
                 with self.fs.open_output_stream(target) as out:
                     out.write(data)
             else:
-                tmp = target + f".tmp-{secrets.token_hex(6)}"
+                tmp = self.path(*names[:-1], f"{TMP_PREFIX}{secrets.token_hex(6)}-{names[-1]}")
                 with self.fs.open_output_stream(tmp) as out:
                     out.write(data)
                 self.fs.move(tmp, target)
@@ -214,6 +228,82 @@ class Store:
             self.fs.create_dir(self.base, recursive=True)
         except Exception as e:
             raise self._fail("creating", (), e) from e
+
+
+class LocalDir:
+    """A local directory with the Store's interface, for code that takes either (sinks,
+    staging): ``put`` is a temp file, fsync, rename and a directory fsync."""
+
+    def __init__(self, path: str):
+        self.base = local_path(path)
+        self.uri = self.base
+        self.shown = self.base
+
+    def path(self, *names: str) -> str:
+        _check_plain(names, self.shown)
+        return os.path.join(self.base, *names)
+
+    def show(self, *names: str) -> str:
+        return self.path(*names) if names else self.base
+
+    def list(self, *names: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self.path(*names) if names else self.base))
+        except FileNotFoundError:
+            return []
+
+    def size(self, *names: str) -> int | None:
+        try:
+            return os.stat(self.path(*names)).st_size
+        except FileNotFoundError:
+            return None
+
+    def exists(self, *names: str) -> bool:
+        return os.path.exists(self.path(*names))
+
+    def read(self, names: tuple[str, ...], limit: int) -> bytes:
+        with open(self.path(*names), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise TooLarge(size, limit)
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise TooLarge(len(data), limit)
+        return data
+
+    def put(self, names: tuple[str, ...], data: bytes) -> None:
+        target = self.path(*names)
+        parent = os.path.dirname(target)
+        os.makedirs(parent, exist_ok=True)
+        tmp = os.path.join(parent, f"{TMP_PREFIX}{secrets.token_hex(6)}-{os.path.basename(target)}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        fd = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename lives in the directory's entry
+        finally:
+            os.close(fd)
+
+    def delete_file(self, *names: str) -> None:
+        try:
+            os.remove(self.path(*names))
+        except FileNotFoundError:
+            pass
+
+    def make_root(self) -> None:
+        os.makedirs(self.base, exist_ok=True)
+
+
+Directory = Store | LocalDir
+
+
+def open_dir(location: str) -> Directory:
+    """A directory to put, read, list and delete files in: local (plain path or file://)
+    or remote (any other URI)."""
+    return Store(location) if is_remote(location) else LocalDir(location)
 
 
 class TooLarge(Exception):

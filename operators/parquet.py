@@ -1,10 +1,11 @@
 """An exactly-once Parquet sink: the dataflow's output back to Spark (spark.read.parquet).
 
 Two-phase commit like FileSink: rows received since barrier n-1 are staged *in checkpoint
-n*; when n completes they are written as ``part-<subtask>-<epoch>.parquet`` (temp file,
-fsync, rename: a reader never sees half a file). The file name carries the epoch, so
-publishing is idempotent. On restore from checkpoint n, this subtask's files of epochs
-after n are deleted (rolled back) and the epochs n held pending are written again.
+n*; when n completes they are written as ``part-<subtask>-<epoch>.parquet``, visible whole
+or not at all (locally: temp file, fsync, rename; on an object store such as ``s3://``:
+one atomic put; on HDFS: temp name, rename; see abs_engine/fs.py). The file name carries
+the epoch, so publishing is idempotent. On restore from checkpoint n, this subtask's files
+of epochs after n are deleted (rolled back) and the epochs n held pending are written again.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import re
 from typing import Any, Sequence
 
+from abs_engine import fs
 from abs_engine.errors import InputError
 
 from .base import OperatorContext, Sink
@@ -32,24 +34,33 @@ class ParquetSink(Sink):
         self.pending: list[tuple[int, list[Any]]] = []
 
     def check(self) -> None:
-        parent = os.path.dirname(os.path.abspath(self.path))
+        if fs.is_remote(self.path):
+            try:
+                fs.Store(self.path)
+            except fs.StoreError as e:
+                raise InputError(f"cannot write Parquet output: {e}") from None
+            return
+        parent = os.path.dirname(fs.local_path(self.path))
         if not os.path.isdir(parent):
             raise InputError(f"cannot write Parquet output {self.path!r}: directory {parent!r} does not exist")
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
-        os.makedirs(self.path, exist_ok=True)
+        self.out = fs.open_dir(self.path)
+        self.out.make_root()
         with ctx.guard():  # fenced: only the current attempt changes the output
-            for name in os.listdir(self.path):
-                if name.startswith(f".tmp-{ctx.subtask_index:05d}-"):
-                    os.remove(os.path.join(self.path, name))  # a crash mid-write
+            for name in self.out.list():
+                was = fs.leftover_of(name)
+                m = _PART.match(was) if was else None
+                if m and int(m.group(1)) == ctx.subtask_index:
+                    self.out.delete_file(name)  # a crash mid-write
             if not ctx.restored:
                 self._delete_mine(after=-1)
                 if ctx.subtask_index == 0:  # parts of a wider earlier run
-                    for name in os.listdir(self.path):
+                    for name in self.out.list():
                         m = _PART.match(name)
                         if m and int(m.group(1)) >= ctx.parallelism:
-                            os.remove(os.path.join(self.path, name))
+                            self.out.delete_file(name)
 
     def process(self, batch: list[Any]) -> list[Any]:
         self.buffer.extend(batch)
@@ -75,7 +86,7 @@ class ParquetSink(Sink):
 
     def _mine(self) -> list[tuple[int, str]]:
         out = []
-        for name in os.listdir(self.path):
+        for name in self.out.list():
             m = _PART.match(name)
             if m and int(m.group(1)) == self.ctx.subtask_index:
                 out.append((int(m.group(2)), name))
@@ -84,7 +95,7 @@ class ParquetSink(Sink):
     def _delete_mine(self, after: int) -> None:
         for epoch, name in self._mine():
             if epoch > after:
-                os.remove(os.path.join(self.path, name))
+                self.out.delete_file(name)
 
     def _publish(self, upto: int | None) -> None:
         import pyarrow as pa
@@ -99,17 +110,7 @@ class ParquetSink(Sink):
                 cols = [list(rows)]
             else:
                 cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in self.columns]
-            table = pa.table(dict(zip(self.columns, cols)))
-            final = os.path.join(self.path, f"part-{self.ctx.subtask_index:05d}-{epoch:06d}.parquet")
-            tmp = os.path.join(self.path, f".tmp-{self.ctx.subtask_index:05d}-{epoch:06d}.parquet")
-            pq.write_table(table, tmp)
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-            # The rename lives in the directory's entry: fsync it too, or a power loss may undo it.
-            dir_fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            buf = pa.BufferOutputStream()
+            pq.write_table(pa.table(dict(zip(self.columns, cols))), buf)
+            self.out.put((f"part-{self.ctx.subtask_index:05d}-{epoch:06d}.parquet",), buf.getvalue().to_pybytes())
         self.pending = keep

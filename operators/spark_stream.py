@@ -1,8 +1,9 @@
 """Unbounded input from Spark Structured Streaming.
 
 The driver runs the streaming query with ``foreachBatch``. Each micro-batch is written to
-a staging directory as ``batch-<id>.arrow`` (temp file, fsync, rename, directory fsync)
-*before* the callback returns, i.e. before Spark commits the batch; so whatever Spark has
+a staging location as ``batch-<id>.arrow``, visible whole or not at all (a local directory:
+temp file, fsync, rename, directory fsync; ``s3://`` and other object stores: one atomic
+put; see abs_engine/fs.py), *before* the callback returns, i.e. before Spark commits the batch; so whatever Spark has
 committed is durable for the engine. Spark re-delivers an uncommitted batch after a crash with the same
 batch id: the file is simply written again, identical.
 
@@ -12,6 +13,10 @@ again, however often Spark delivers it, so each batch counts exactly once. Stage
 deleted once ``keep_checkpoints`` later checkpoints have completed past them (so a fallback
 to an older checkpoint still finds them). With ``available_now=True`` the query processes
 what is there and stops; the source then ends when every staged batch is consumed.
+
+On the Spark executor the source's subtasks may run on other machines than the driver that
+stages: give a staging location they all reach (an object store URI or a shared mount).
+Every staged file is read bounded (MAX_BATCH_BYTES) like anything read back from storage.
 """
 
 from __future__ import annotations
@@ -21,24 +26,24 @@ import threading
 import time
 from typing import Any
 
+from abs_engine import fs
 from abs_engine.errors import InputError
 
 from .base import OperatorContext, Source
 
 IDLE_WAIT = 0.02  # seconds a subtask waits when no staged batch is ready (a polling source)
+MAX_BATCH_BYTES = 4 << 30  #: a staged micro-batch larger than this is refused unread
+END = "_end"
 
 
-def _batch_path(staging: str, batch_id: int) -> str:
-    return os.path.join(staging, f"batch-{batch_id:09d}.arrow")
+def _batch_name(batch_id: int) -> str:
+    return f"batch-{batch_id:09d}.arrow"
 
 
-def _fsync_dir(path: str) -> None:
-    """Make the renames done in directory ``path`` durable (they live in its entries)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _batch_id(name: str) -> int | None:
+    if name.startswith("batch-") and name.endswith(".arrow") and name[6:15].isdigit() and len(name) == 21:
+        return int(name[6:15])
+    return None
 
 
 class SparkStreamSource(Source):
@@ -47,19 +52,32 @@ class SparkStreamSource(Source):
     spark_slots = 1
 
     def __init__(self, stream_df: Any, staging_dir: str | os.PathLike[str], column: str | None = None,
-                 available_now: bool = False, trigger_seconds: float = 0.5, keep_checkpoints: int = 3):
+                 available_now: bool = False, trigger_seconds: float = 0.5, keep_checkpoints: int = 3,
+                 spark_checkpoint: str | None = None):
         if not getattr(stream_df, "isStreaming", False):
             raise InputError("SparkStreamSource needs a streaming DataFrame (spark.readStream...); "
                              "use SparkSource for a batch DataFrame")
         self._df = stream_df
-        self.staging = os.path.abspath(os.fspath(staging_dir))
+        location = os.fspath(staging_dir)
+        self.staging = location if fs.is_remote(location) else fs.local_path(location)
+        if spark_checkpoint is None:
+            if fs.is_remote(location):
+                raise InputError(f"staging on {fs.redact(location)}: pass spark_checkpoint=<a location Spark's "
+                                 "streaming query can write its progress to> (a directory on the driver, hdfs://, "
+                                 "s3a://); the staging URI is read by pyarrow, not by Spark")
+            spark_checkpoint = os.path.join(self.staging, "_spark_checkpoint")
+        self.spark_checkpoint = spark_checkpoint
         self.column = column
         self.available_now = available_now
         self.trigger_seconds = trigger_seconds
         self.keep_checkpoints = keep_checkpoints
         self._query: Any = None
+        self._dir: fs.Directory | None = None
 
-    # ---- driver side -----------------------------------------------------------------
+    def _staged(self) -> fs.Directory:
+        if self._dir is None:
+            self._dir = fs.open_dir(self.staging)
+        return self._dir
 
     def check(self) -> None:
         if self._df is not None and self.column is not None and self.column not in self._df.columns:
@@ -71,23 +89,18 @@ class SparkStreamSource(Source):
 
         df = batch_df.select(self.column) if self.column else batch_df
         table = df.toArrow()
-        path = _batch_path(self.staging, batch_id)
-        tmp = path + ".tmp"
-        with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as w:
             w.write_table(table)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(self.staging)  # durable before the callback returns and Spark commits the batch
+        # Durable (and whole) before the callback returns and Spark commits the batch.
+        self._staged().put((_batch_name(batch_id),), sink.getvalue().to_pybytes())
         self._last_staged = max(getattr(self, "_last_staged", -1), batch_id)
 
     def driver_start(self) -> None:
-        os.makedirs(self.staging, exist_ok=True)
-        end = os.path.join(self.staging, "_end")
-        if os.path.exists(end):
-            os.remove(end)
-        writer = self._df.writeStream.foreachBatch(self.stage).option(
-            "checkpointLocation", os.path.join(self.staging, "_spark_checkpoint"))
+        staged = self._staged()
+        staged.make_root()
+        staged.delete_file(END)
+        writer = self._df.writeStream.foreachBatch(self.stage).option("checkpointLocation", self.spark_checkpoint)
         if self.available_now:
             writer = writer.trigger(availableNow=True)
         else:
@@ -101,16 +114,11 @@ class SparkStreamSource(Source):
         q.awaitTermination()
         if q.exception() is None:
             last = getattr(self, "_last_staged", -1)
-            for n in os.listdir(self.staging):
-                if n.startswith("batch-") and n.endswith(".arrow"):
-                    last = max(last, int(n[6:15]))
-            tmp = os.path.join(self.staging, "_end.tmp")
-            with open(tmp, "w") as f:
-                f.write(str(last))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, os.path.join(self.staging, "_end"))
-            _fsync_dir(self.staging)
+            for n in self._staged().list():
+                bid = _batch_id(n)
+                if bid is not None:
+                    last = max(last, bid)
+            self._staged().put((END,), str(last).encode())
 
     def driver_stop(self) -> None:
         if self._query is not None:
@@ -118,7 +126,8 @@ class SparkStreamSource(Source):
             self._query = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_df", "_query")} | {"_df": None, "_query": None}
+        return ({k: v for k, v in self.__dict__.items() if k not in ("_df", "_query", "_dir")}
+                | {"_df": None, "_query": None, "_dir": None})
 
     # ---- worker side -----------------------------------------------------------------
 
@@ -131,24 +140,30 @@ class SparkStreamSource(Source):
 
     def _end_id(self) -> int | None:
         try:
-            with open(os.path.join(self.staging, "_end")) as f:
-                return int(f.read())
+            return int(self._staged().read((END,), 64))
         except FileNotFoundError:
             return None
+        except (ValueError, fs.TooLarge) as e:
+            raise InputError(f"{self._staged().show(END)} is not a batch id ({e}): the staging location "
+                             "was written by something else; give the source a location of its own") from None
 
     def read_batch(self) -> list[Any] | None:
         import pyarrow as pa
 
         if self._table is None:
-            path = _batch_path(self.staging, self.next_id)
-            if not os.path.exists(path):
+            staged = self._staged()
+            name = _batch_name(self.next_id)
+            try:
+                data = staged.read((name,), MAX_BATCH_BYTES)
+            except FileNotFoundError:
                 end = self._end_id()
                 if end is not None and self.next_id > end:
                     return None
                 time.sleep(IDLE_WAIT)  # nothing staged yet: poll again shortly
                 return []
-            with pa.memory_map(path) as f:
-                self._table = pa.ipc.open_file(f).read_all()
+            except fs.TooLarge as e:
+                raise InputError(f"staged batch {staged.show(name)} holds {e}: refused unread") from None
+            self._table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
         table = self._table
         chunk = table.slice(self.rows, 8192)
         self.rows += chunk.num_rows
@@ -176,8 +191,8 @@ class SparkStreamSource(Source):
         horizon = self._offsets[done[-self.keep_checkpoints]]
         for c in done[: -self.keep_checkpoints]:
             del self._offsets[c]
-        for name in os.listdir(self.staging):
-            if name.startswith("batch-") and name.endswith(".arrow"):
-                bid = int(name[6:15])
-                if bid < horizon and bid % self.ctx.parallelism == self.ctx.subtask_index:
-                    os.remove(os.path.join(self.staging, name))
+        staged = self._staged()
+        for name in staged.list():
+            bid = _batch_id(name)
+            if bid is not None and bid < horizon and bid % self.ctx.parallelism == self.ctx.subtask_index:
+                staged.delete_file(name)

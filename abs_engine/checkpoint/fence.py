@@ -37,6 +37,12 @@ def _open(root: str) -> int:
     path = os.path.join(root, FENCE_FILE)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError as e:
+        raise CheckpointError(CheckpointErrorReason.NOT_FOUND,
+                              f"cannot open the output fence {path}: {e}. This worker runs on a machine "
+                              "that does not see the driver's fence directory (the checkpoint directory, or, "
+                              "for remote checkpoints, a directory on the driver): sinks that publish files "
+                              "from other machines need the checkpoint directory on a shared mount") from e
     except OSError as e:
         raise CheckpointError(CheckpointErrorReason.UNSAFE_PATH,
                               f"cannot open the fence file {path}: {e} (it must be a regular file; "
