@@ -6,8 +6,14 @@ runs a Spark job on *that partition only* (earlier partitions are never read aga
 streams its Arrow batches, rows before the offset dropped. The batches are the JVM's own
 Arrow IPC messages (``Dataset.toArrowBatchRdd``), passed through without re-encoding.
 
+The server listens on two addresses: ``address`` in the clear and ``tls_address`` with
+mutual TLS 1.3 (tls.py) under the server's own ``material`` (random per server, made at
+start, travelling with the secret). A source of a job with ``tls`` on uses the second.
+
 Wire, in this order on every connection:
 
+0. On ``tls_address`` only: the TLS handshake, within ``handshake_timeout`` seconds; a
+   peer without the server's certificate (or without TLS at all) is closed.
 1. The mutual HMAC handshake of ``abs_engine.auth`` with the server's ``secret`` (random
    per server; it reaches the workers inside the pickled SparkSource, over the job's
    control connection). Nothing else is read before it succeeds; a peer that fails it,
@@ -36,6 +42,8 @@ from typing import Any
 from . import codec
 from .auth import HANDSHAKE_TIMEOUT, new_secret, server_handshake
 from .errors import ProtocolError, ProtocolErrorReason
+from .tls import Material
+from .wire import Wire
 
 SCHEMA, BATCH, END, ERROR = 10, 11, 12, 13
 MAX_REQUEST = 64 << 10  #: a request is a 4-element msgpack list: a few hundred bytes at most
@@ -57,11 +65,17 @@ class PartitionServer:
         self.secret = new_secret()  #: workers prove they know it before anything is read
         self.handshake_timeout = handshake_timeout
         self.sources: dict[str, Registered] = {}
+        self.material = Material.generate()  #: for tls_address; travels with the secret
         self.sock = socket.create_server((host, 0), backlog=64)
         self.address = self.sock.getsockname()[:2]
+        self.tls_sock = socket.create_server((host, 0), backlog=64)
+        self.tls_address = self.tls_sock.getsockname()[:2]
         self._lock = threading.Lock()
         self._closed = False
-        threading.Thread(target=self._accept, name="spark-partition-server", daemon=True).start()
+        threading.Thread(target=self._accept, args=(self.sock, None), name="spark-partition-server",
+                         daemon=True).start()
+        threading.Thread(target=self._accept, args=(self.tls_sock, self.material),
+                         name="spark-partition-server-tls", daemon=True).start()
 
     def register(self, source_id: str, df: Any, fingerprint: str, arrow_schema: Any) -> None:
         with self._lock:
@@ -77,11 +91,12 @@ class PartitionServer:
     def close(self) -> None:
         self._closed = True
         self.sock.close()
+        self.tls_sock.close()
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket, material: Material | None) -> None:
         while not self._closed:
             try:
-                conn, _ = self.sock.accept()
+                conn, _ = listener.accept()
             except OSError as e:
                 if self._closed:
                     return
@@ -89,11 +104,12 @@ class PartitionServer:
                     time.sleep(0.1)  # out of descriptors (a connection flood?): keep serving
                 continue  # ECONNABORTED and the like concern one connection only
             try:
-                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+                threading.Thread(target=self._serve, args=(Wire(conn, material, server_side=True),),
+                                 daemon=True).start()
             except RuntimeError:  # no more threads (a connection flood?): drop this one only
                 conn.close()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: Wire) -> None:
         try:
             try:
                 rest = server_handshake(conn, self.secret, self.handshake_timeout)
@@ -127,7 +143,7 @@ class PartitionServer:
             conn.close()
 
     @staticmethod
-    def _read_request(conn: socket.socket, rest: bytes, deadline: float) -> tuple[str, str, int, int]:
+    def _read_request(conn: Wire, rest: bytes, deadline: float) -> tuple[str, str, int, int]:
         """The one request frame, bounded in size and time, checked for shape and types."""
         reader = codec.FrameReader(max_frame=MAX_REQUEST)
         reader.feed(rest)
@@ -135,15 +151,17 @@ class PartitionServer:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ProtocolError(ProtocolErrorReason.HANDSHAKE_TIMEOUT, "no request arrived in time")
-            conn.settimeout(left)
+            conn.sock.settimeout(left)
             try:
                 data = conn.recv(1 << 16)
             except socket.timeout:
                 raise ProtocolError(ProtocolErrorReason.HANDSHAKE_TIMEOUT, "no request arrived in time") from None
+            if data is None:
+                continue  # part of a TLS record
             if not data:
                 raise ProtocolError(ProtocolErrorReason.CLOSED, "the peer closed the connection")
             reader.feed(data)
-        conn.settimeout(None)
+        conn.sock.settimeout(None)
         kind, payload = frame
         if kind != codec.FrameKind.CONTROL:
             raise ProtocolError(ProtocolErrorReason.MALFORMED, f"a request is a CONTROL frame, not kind {kind}")
@@ -159,7 +177,7 @@ class PartitionServer:
                                 "start_row: int >= 0]")
         return request[0], request[1], request[2], request[3]
 
-    def _stream(self, conn: socket.socket, reg: Registered, partition: int, start_row: int) -> int:
+    def _stream(self, conn: Wire, reg: Registered, partition: int, start_row: int) -> int:
         import pyarrow as pa
         from pyspark.rdd import _load_from_socket
         from pyspark.serializers import NoOpSerializer
@@ -196,11 +214,11 @@ class PartitionServer:
         return sent
 
 
-def _refuse(conn: socket.socket, message: str) -> None:
+def _refuse(conn: Wire, message: str) -> None:
     """Send an ERROR frame and stop writing (the caller closes the connection)."""
     try:
         conn.sendall(codec.frame(ERROR, codec.pack(message)))
-        conn.shutdown(socket.SHUT_WR)
+        conn.sock.shutdown(socket.SHUT_WR)
     except OSError:
         pass
 

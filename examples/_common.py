@@ -19,11 +19,13 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
                     help="who runs the workers: local processes (default) or a Spark barrier stage")
     ap.add_argument("--spark-master", help="Spark master URL for --executor spark and Spark sources "
                                            "(default: the embedded local session)")
+    ap.add_argument("--tls", action="store_true",
+                    help="encrypt every connection between engine processes (mutual TLS, a per-job certificate)")
 
 
 def executor_options(args: argparse.Namespace) -> dict[str, Any]:
-    """flow.run() options for --executor / --spark-master."""
-    opts: dict[str, Any] = {"executor": args.executor}
+    """flow.run() options for --executor / --spark-master / --tls."""
+    opts: dict[str, Any] = {"executor": args.executor, "tls": args.tls}
     if args.spark_master:
         import atexit
 

@@ -29,6 +29,9 @@ class OperatorContext:
     restored: bool  #: state will be (or was) restored from a checkpoint
     #: The attempt's fence (abs_engine.checkpoint.fence.Fence) or None; use ``guard()``.
     fence: Any = None
+    #: The job runs with ``tls`` on: a source that opens connections of its own to the
+    #: driver (SparkSource) encrypts them too.
+    tls: bool = False
 
     def guard(self) -> ContextManager[None]:
         """Hold this around every change a sink makes to its output (publish, truncate,

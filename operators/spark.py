@@ -5,7 +5,10 @@ to subtask p % parallelism). A subtask's offset is (index of its current partiti
 consumed in it); it goes into the checkpoint, and after a failure the subtask asks the
 driver for that partition from that row: partitions before it are not read again. Rows
 travel as Arrow record batches (see abs_engine.spark_server) over connections that first
-prove they know the partition server's secret, which the source carries to its subtasks.
+prove they know the partition server's secret, which the source carries to its subtasks;
+in a job with ``tls`` on they are mutual TLS first, under the server's own TLS material,
+which the source carries the same way (inside the shipped code, over the job's
+authenticated, then encrypted, control connection).
 
 Determinism: a (partition, row) offset means something only if the DataFrame yields the
 same rows in the same partitions in the same order every time it is computed. File-backed
@@ -21,13 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import uuid
 from typing import Any
 
 from abs_engine import codec
-from abs_engine.auth import client_handshake
+from abs_engine.auth import HANDSHAKE_TIMEOUT, client_handshake
 from abs_engine.errors import AbsEngineError, InputError, ProtocolError, ProtocolErrorReason
+from abs_engine.tls import Material
+from abs_engine.wire import Wire
 
 from .base import OperatorContext, Source
 
@@ -78,6 +82,8 @@ class SparkSource(Source):
         self.source_id = uuid.uuid4().hex[:12]
         self.address: tuple[str, int] | None = None
         self.secret: bytes | None = None  #: the partition server's; travels only inside this object
+        self.tls_address: tuple[str, int] | None = None
+        self.tls: Material | None = None  #: the partition server's TLS material, likewise
         self.fingerprint = ""
         self.num_partitions = 0
 
@@ -164,6 +170,8 @@ class SparkSource(Source):
         server.register(self.source_id, df, self.fingerprint, schema)
         self.address = server.address
         self.secret = server.secret
+        self.tls_address = server.tls_address
+        self.tls = server.material
 
     def driver_stop(self) -> None:
         from abs_engine.spark_server import partition_server
@@ -212,7 +220,12 @@ class SparkSource(Source):
         if s is None:
             assert self.address is not None and self.secret is not None
             start = self.rows if i == self.next else 0
-            s = _PartitionStream(self.address, self.secret, [self.source_id, self.fingerprint, self.mine[i], start])
+            request = [self.source_id, self.fingerprint, self.mine[i], start]
+            if self.ctx.tls:  # the job encrypts its connections: this one too
+                assert self.tls_address is not None and self.tls is not None
+                s = _PartitionStream(self.tls_address, self.secret, request, self.tls)
+            else:
+                s = _PartitionStream(self.address, self.secret, request)
             self._streams[i] = s
         return s
 
@@ -262,13 +275,19 @@ class SparkSource(Source):
 class _PartitionStream:
     """One request to the driver's partition server: (partition, first row) -> batches.
 
-    The connection authenticates first (abs_engine.auth); replies are read with the data
-    frame bound. Any breach of the protocol, either way, is a SparkReadError."""
+    The connection authenticates first (abs_engine.auth; with ``material``, inside mutual
+    TLS); replies are read with the data frame bound. Any breach of the protocol, either
+    way, is a SparkReadError."""
 
-    def __init__(self, address: tuple[str, int], secret: bytes, request: list[Any]):
-        self.conn = socket.create_connection(address)
+    def __init__(self, address: tuple[str, int], secret: bytes, request: list[Any],
+                 material: Material | None = None):
+        try:
+            self.conn = Wire.connect(address, material, HANDSHAKE_TIMEOUT)
+        except ProtocolError as e:
+            raise _protocol_error(e, handshake=True) from e
         try:
             client_handshake(self.conn, secret)
+            self.conn.sock.settimeout(None)
             self.conn.sendall(codec.frame(codec.FrameKind.CONTROL, codec.pack(request)))
         except ProtocolError as e:
             self.conn.close()
@@ -283,6 +302,8 @@ class _PartitionStream:
         try:
             while (f := self.reader.next_frame()) is None:
                 data = self.conn.recv(1 << 20)
+                if data is None:
+                    continue  # part of a TLS record
                 if not data:
                     raise SparkReadError("the driver's Spark partition server closed the connection")
                 self.reader.feed(data)

@@ -2,7 +2,8 @@
 
 The master (master.py) drives a job the same way whoever starts its workers: it listens
 on one address, each attempt it asks its launcher for one worker process per task, told
-the driver's address, the attempt's generation and its secret (never on a command line),
+the driver's address, the attempt's generation, its secret and, with ``tls`` on, its TLS
+material (tls.Material; both never on a command line),
 and from then on it talks to the workers only over their authenticated connections.
 A launcher answers for the processes it started: whether they still run, how to stop them.
 
@@ -14,6 +15,8 @@ driver connection is gone).
 from __future__ import annotations
 
 from typing import Mapping, Protocol
+
+from ..tls import Material
 
 
 class WorkerProcess(Protocol):
@@ -43,8 +46,9 @@ class Launcher(Protocol):
     host: str
 
     def start(self, tasks: list[str], driver: tuple[str, int], generation: int,
-              secret: bytes) -> Mapping[str, WorkerProcess]:
-        """One worker per task id, each told to connect to ``driver`` and given ``secret``."""
+              secret: bytes, material: Material | None = None) -> Mapping[str, WorkerProcess]:
+        """One worker per task id, each told to connect to ``driver`` and given ``secret``
+        (and ``material``, the attempt's TLS key and certificate, if the job has TLS)."""
 
     def stop(self, workers: Mapping[str, WorkerProcess], timeout: float) -> None:
         """Kill every worker still running and wait for them, all against one deadline."""

@@ -1,7 +1,8 @@
 """The embedded default launcher: one OS process per task on this machine.
 
 Each worker is ``python -m abs_engine.runtime.worker HOST PORT TASK GENERATION`` started
-with this interpreter and this ``sys.path``; its attempt's secret goes in on stdin.
+with this interpreter and this ``sys.path``; its attempt's secret goes in on stdin, one
+hex line, followed by a line with the attempt's TLS material if the job has ``tls`` on.
 ``PYTHONHASHSEED`` is pinned for every worker (as PySpark does) so that hash partitioning
 agrees across workers and restarts.
 """
@@ -15,6 +16,7 @@ import sys
 import time
 from typing import Mapping
 
+from ..tls import Material
 from .launcher import WorkerProcess
 
 
@@ -31,12 +33,16 @@ def worker_command(driver: tuple[str, int], task: str, generation: int) -> list[
     return [sys.executable, "-m", "abs_engine.runtime.worker", driver[0], str(driver[1]), task, str(generation)]
 
 
-def spawn_worker(command: list[str], env: dict[str, str], secret: bytes) -> subprocess.Popen[bytes]:
-    """Start a worker and hand it the attempt's secret on stdin."""
+def spawn_worker(command: list[str], env: dict[str, str], secret: bytes,
+                 material: Material | None = None) -> subprocess.Popen[bytes]:
+    """Start a worker and hand it the attempt's secret (and TLS material) on stdin."""
     proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE)
     assert proc.stdin is not None
+    lines = secret.hex().encode() + b"\n"
+    if material is not None:
+        lines += material.encode().encode("ascii") + b"\n"
     try:
-        proc.stdin.write(secret.hex().encode() + b"\n")
+        proc.stdin.write(lines)
         proc.stdin.close()
     except OSError:
         pass  # it died at once: its exit status tells the master
@@ -92,9 +98,10 @@ class LocalLauncher:
         self.host = host
 
     def start(self, tasks: list[str], driver: tuple[str, int], generation: int,
-              secret: bytes) -> dict[str, LocalProcess]:
+              secret: bytes, material: Material | None = None) -> dict[str, LocalProcess]:
         env = worker_env()
-        return {t: LocalProcess(spawn_worker(worker_command(driver, t, generation), env, secret)) for t in tasks}
+        return {t: LocalProcess(spawn_worker(worker_command(driver, t, generation), env, secret, material))
+                for t in tasks}
 
     def stop(self, workers: Mapping[str, WorkerProcess], timeout: float) -> None:
         for w in workers.values():

@@ -11,7 +11,8 @@ strategy. When attempts run out the job fails with the user's traceback.
 Trust and fencing: the driver holds an exclusive lock on the checkpoint directory for the
 life of the job; each attempt gets a fresh secret (sent to its workers on stdin) that every
 connection must prove before it is read, and a fresh fence token that every sink checks
-before it changes the output. So a stranger cannot talk to the job, and no process of an
+before it changes the output. With ``tls`` on, each attempt also gets fresh TLS material
+(tls.py), sent the same way, and every connection is mutual TLS before that proof. So a stranger cannot talk to the job, and no process of an
 older attempt (or of a dead driver) can change the output or the checkpoints.
 
 Failures are classified: a failure that repeats on the same record (or the same stuck
@@ -34,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import auth, codec, codeship, fs, messages
+from ..tls import Material
+from ..wire import Wire
 from ..checkpoint import fence
 from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.lock import DirectoryLock
@@ -88,6 +91,7 @@ class Worker:
     task: str
     proc: WorkerProcess
     sock: socket.socket | None = None
+    wire: Wire | None = None
     reader: codec.FrameReader = field(default_factory=lambda: codec.FrameReader(codec.MAX_CONTROL_FRAME))
     running: bool = False
     committed: bool = False
@@ -234,6 +238,7 @@ class JobMaster:
         host, port = listener.getsockname()[:2]
         workers: dict[str, Worker] = {}
         secret = auth.new_secret()  # this attempt's: workers of older attempts do not know it
+        material = Material.generate() if cfg.tls else None  # this attempt's too
         self.consecutive_expired = 0
         token = f"{self.job_id}/{self.run_nonce}/{gen}"
         killed = fence.advance(self.control_dir, token)
@@ -241,13 +246,13 @@ class JobMaster:
             self._log(f"killed stale worker(s) {killed} that held the output fence (from a dead attempt)")
         try:
             try:
-                procs = self.launcher.start([t.id for t in self.plan.tasks], (host, port), gen, secret)
+                procs = self.launcher.start([t.id for t in self.plan.tasks], (host, port), gen, secret, material)
             except AbsEngineError as err:
                 if gen == 0:
                     raise  # the cluster cannot run this job at all (too few slots): say so at once
                 raise WorkerFailure("*", None, f"could not start the workers again: {err}") from None
             workers.update({t: Worker(t, p) for t, p in procs.items()})
-            peers = self._accept_hellos(listener, workers, gen, secret)
+            peers = self._accept_hellos(listener, workers, gen, secret, material)
             for t in self.plan.tasks:
                 restore = None
                 if meta is not None:
@@ -267,7 +272,7 @@ class JobMaster:
                     w.sock.close()
 
     def _accept_hellos(self, listener: socket.socket, workers: dict[str, Worker], gen: int,
-                       secret: bytes) -> dict[str, tuple[str, int]]:
+                       secret: bytes, material: Material | None) -> dict[str, tuple[str, int]]:
         """Every worker's Hello, over connections that proved this attempt's secret first.
         Strangers, stragglers of older attempts (another secret) and stalled handshakes are
         dropped without failing anything."""
@@ -295,7 +300,7 @@ class JobMaster:
                     drop(sock)
                 for key, _ in sel.select(timeout=0.05):
                     if key.data is None:
-                        if (new := auth.admit(listener, secret, codec.MAX_CONTROL_FRAME, pending, drop)) is not None:
+                        if (new := auth.admit(listener, secret, codec.MAX_CONTROL_FRAME, pending, drop, material)) is not None:
                             pending[new.sock] = new
                             sel.register(new.sock, selectors.EVENT_READ, new.sock)
                         continue
@@ -320,7 +325,7 @@ class JobMaster:
                         sock.close()
                         continue
                     w = workers[msg.task]
-                    w.sock, w.reader = sock, conn.reader
+                    w.sock, w.wire, w.reader = sock, conn.wire, conn.reader
                     w.hello_pid = msg.pid
                     w.last_heard = time.monotonic()
                     peers[msg.task] = (msg.host, msg.port)
@@ -331,9 +336,9 @@ class JobMaster:
         return peers
 
     def _send(self, w: Worker, msg: messages.Message) -> None:
-        assert w.sock is not None
+        assert w.wire is not None
         try:
-            w.sock.sendall(messages.encode(msg))
+            w.wire.sendall(messages.encode(msg))
         except OSError:
             self._check_alive({w.task: w})
             raise WorkerFailure(w.task, None, "control connection lost") from None
@@ -349,10 +354,11 @@ class JobMaster:
     def _failure_of(self, w: Worker, code: int) -> WorkerFailure:
         """Why a dead worker died: its own Failed message (operator, user traceback, fatal)
         if it sent one before exiting, else its exit status."""
-        if w.sock is not None:
+        if w.wire is not None:
             try:
-                while data := w.sock.recv(1 << 20, socket.MSG_DONTWAIT):
-                    w.reader.feed(data)
+                while (data := w.wire.recv(1 << 20, socket.MSG_DONTWAIT)) != b"":
+                    if data is not None:
+                        w.reader.feed(data)
             except OSError:
                 pass
             try:
@@ -414,10 +420,13 @@ class JobMaster:
                 timeout = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
                 for key, _ in sel.select(timeout=timeout):
                     w = key.data
+                    assert w.wire is not None
                     try:
-                        data = w.sock.recv(1 << 20)
+                        data = w.wire.recv(1 << 20)
                     except OSError:
                         data = b""
+                    if data is None:
+                        continue  # part of a TLS record
                     if not data:
                         sel.unregister(w.sock)
                         if w.committed:

@@ -4,8 +4,9 @@ Slot sharing, as in Flink: Spark task k of the stage hosts subtask k of every op
 a job whose widest operator has parallelism p needs p task slots, not one per engine task.
 Inside its Spark task each engine task still gets an OS process of its own (the GIL): the
 barrier task starts ``python -m abs_engine.runtime.worker DRIVER PORT TASK GEN BIND_HOST``
-for each task it hosts, hands it the attempt's secret on stdin (the secret reaches the
-executor inside the pickled stage function, never on a command line), binds it to the
+for each task it hosts, hands it the attempt's secret (and, with ``tls`` on, the attempt's
+TLS material) on stdin (both reach the executor inside the pickled stage function, never
+on a command line), binds it to the
 executor's own address (``BarrierTaskContext.getTaskInfos()``), and waits for them. A worker
 that fails fails its Spark task, and a barrier stage fails as a whole: a global failover,
 as on the local launcher. ``stop()`` cancels the stage's job group; workers it cannot reach
@@ -34,6 +35,7 @@ import zipfile
 from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import AbsEngineError
+from ..tls import Material
 from .launcher import WorkerProcess
 
 POLL = 0.05  #: seconds between checks of a barrier task's children (it waits on processes)
@@ -92,7 +94,8 @@ def ship_packages(sc: Any) -> None:
 
 
 def _stage_function(groups: list[list[str]], driver: tuple[str, int], generation: int,
-                    secret_hex: str, driver_path: list[str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+                    secret_hex: str, driver_path: list[str],
+                    material: Material | None = None) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """What barrier task k runs: start the workers of ``groups[k]`` and wait for them."""
 
     def run(_: Iterator[Any]) -> Iterator[Any]:
@@ -118,7 +121,7 @@ def _stage_function(groups: list[list[str]], driver: tuple[str, int], generation
         procs: dict[str, subprocess.Popen[bytes]] = {}
         try:
             for t in groups[k]:
-                procs[t] = spawn_worker(worker_command(driver, t, generation) + [bind], env, secret)
+                procs[t] = spawn_worker(worker_command(driver, t, generation) + [bind], env, secret, material)
             while any(p.poll() is None for p in procs.values()):
                 for t, p in procs.items():
                     code = p.poll()
@@ -211,7 +214,7 @@ class SparkLauncher:
         self.stages: list[_Stage] = []
 
     def start(self, tasks: list[str], driver: tuple[str, int], generation: int,
-              secret: bytes) -> dict[str, WorkerProcess]:
+              secret: bytes, material: Material | None = None) -> dict[str, WorkerProcess]:
         groups = _slot_groups(tasks)
         width = len(groups)
         slots = self._await_slots(width + self.reserve)
@@ -222,7 +225,7 @@ class SparkLauncher:
                 f"operator has parallelism {width} and task k hosts subtask k of every operator{extra}) but the "
                 f"cluster has {slots}: add executors or cores, or lower the job's parallelism")
         group = f"abs-engine-{uuid.uuid4().hex[:8]}-{generation}"
-        fn = _stage_function(groups, driver, generation, secret.hex(), list(sys.path))
+        fn = _stage_function(groups, driver, generation, secret.hex(), list(sys.path), material)
         stage = _Stage(self.sc, fn, width, group)
         self.stages.append(stage)
         return {t: SparkWorker(t, stage) for t in tasks}

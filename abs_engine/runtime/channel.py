@@ -7,6 +7,8 @@ TCP (not a pipe) so the same worker code can run on several machines under Spark
 Every data connection is authenticated (auth.py, this attempt's secret) before its HELLO
 frame is read; a connection that fails or stalls the handshake is dropped without
 failing anything, so a stranger on the port can neither inject records nor stall start-up.
+With the job's TLS material (tls.py) every channel is mutual TLS first (wire.py); frames
+are sealed whole before they are sent, so back-pressure works on ciphertext as on plain.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Callable
 
 from .. import auth, codec
 from ..errors import ProtocolError, ProtocolErrorReason
+from ..tls import Material
+from ..wire import Wire, as_wire
 
 RECV_SIZE = 1 << 20
 
@@ -27,18 +31,22 @@ def tune(sock: socket.socket) -> None:
 
 
 class OutputChannel:
-    __slots__ = ("id", "sock", "while_blocked", "records")
+    __slots__ = ("id", "wire", "sock", "while_blocked", "records")
 
     def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes,
-                 timeout: float = auth.HANDSHAKE_TIMEOUT):
+                 timeout: float = auth.HANDSHAKE_TIMEOUT, material: Material | None = None):
         self.id = channel_id
-        self.sock = socket.create_connection(address, timeout=timeout)
-        tune(self.sock)
         # The consumer answers once it runs its accept loop (after restoring its state):
         # wait for it as long as start-up may take.
-        auth.client_handshake(self.sock, secret, timeout)
-        self.sock.settimeout(None)
-        self.sock.sendall(codec.frame(codec.FrameKind.HELLO, codec.pack(channel_id)))
+        self.wire = Wire.connect(address, material, timeout)
+        self.sock = self.wire.sock
+        try:
+            auth.client_handshake(self.wire, secret, timeout)
+            self.sock.settimeout(None)
+            self.wire.sendall(codec.frame(codec.FrameKind.HELLO, codec.pack(channel_id)))
+        except BaseException:
+            self.sock.close()
+            raise
         #: Set on tasks with back-edge inputs: called with this socket while a send would
         #: block; it waits until the socket is writable while draining the back-edges, so a
         #: loop of full channels cannot deadlock.
@@ -47,9 +55,9 @@ class OutputChannel:
 
     def send(self, data: bytes) -> None:
         if self.while_blocked is None:
-            self.sock.sendall(data)
+            self.wire.sendall(data)
             return
-        view = memoryview(data)
+        view = memoryview(self.wire.seal(data))
         sock = self.sock
         sock.setblocking(False)
         try:
@@ -77,11 +85,12 @@ class ChannelClosed(Exception):
 
 
 class InputChannel:
-    __slots__ = ("id", "sock", "reader", "back_edge", "ended", "records")
+    __slots__ = ("id", "wire", "sock", "reader", "back_edge", "ended", "records")
 
-    def __init__(self, channel_id: str, sock: socket.socket, reader: codec.FrameReader, back_edge: bool):
+    def __init__(self, channel_id: str, conn: Wire | socket.socket, reader: codec.FrameReader, back_edge: bool):
         self.id = channel_id
-        self.sock = sock
+        self.wire = as_wire(conn)
+        self.sock = self.wire.sock
         self.reader = reader
         self.back_edge = back_edge
         self.ended = False
@@ -89,7 +98,9 @@ class InputChannel:
 
     def fill(self) -> None:
         """Read what the socket has (call when it is readable)."""
-        data = self.sock.recv(RECV_SIZE)
+        data = self.wire.recv(RECV_SIZE)
+        if data is None:
+            return  # part of a TLS record: the rest is on its way
         if not data:
             raise ChannelClosed(
                 f"input channel {self.id} closed before end of stream (its producer died)", self.id.split("->")[0]
@@ -104,7 +115,7 @@ HELLO_MAX = 4096  #: a HELLO frame carries one channel id
 
 
 def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: bytes,
-                  timeout: float) -> dict[str, InputChannel]:
+                  timeout: float, material: Material | None = None) -> dict[str, InputChannel]:
     """Accept one authenticated connection per expected channel id; each opens with a
     HELLO frame naming its channel. Connections that fail authentication, stall their
     handshake or send anything unexpected are closed and forgotten; only missing channels
@@ -131,7 +142,8 @@ def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: by
                 drop(p)
             for key, _ in sel.select(timeout=min(0.5, max(0.0, deadline - now))):
                 if key.data is None:
-                    if (new := auth.admit(listener, secret, HELLO_MAX, pending, lambda s: drop(pending[s]))) is not None:
+                    if (new := auth.admit(listener, secret, HELLO_MAX, pending, lambda s: drop(pending[s]),
+                                               material)) is not None:
                         pending[new.sock] = new
                         sel.register(new.sock, selectors.EVENT_READ, new)
                     continue
@@ -153,7 +165,8 @@ def accept_inputs(listener: socket.socket, expected: dict[str, bool], secret: by
                 tune(p.sock)
                 reader = codec.FrameReader()
                 reader.feed(p.reader.take_rest())
-                channels[cid] = InputChannel(cid, p.sock, reader, expected[cid])
+                reader.feed(p.wire.take_rest())
+                channels[cid] = InputChannel(cid, p.wire, reader, expected[cid])
     finally:
         sel.close()
         for p in pending.values():

@@ -3,7 +3,8 @@
 Sends may come from the task thread, the snapshot-writer thread and the watchdog thread,
 so they are locked. Receives happen only on the task thread. The connection is mutually
 authenticated (auth.py) before the first frame: a worker takes plan and code only from a
-driver that knows this attempt's secret.
+driver that knows this attempt's secret. With the job's TLS material it is mutual TLS
+first (wire.py); sends seal and write under the one lock, so frames go out in order.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import threading
 from collections import deque
 
 from .. import auth, codec, messages
+from ..tls import Material
+from ..wire import Wire
 from .channel import RECV_SIZE
 
 
@@ -24,26 +27,33 @@ class DriverGone(Exception):
 
 
 class ControlLink:
-    def __init__(self, address: tuple[str, int], secret: bytes):
-        self.sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        auth.client_handshake(self.sock, secret, CONNECT_TIMEOUT)
+    def __init__(self, address: tuple[str, int], secret: bytes, material: Material | None = None):
+        self.wire = Wire.connect(address, material, CONNECT_TIMEOUT)
+        self.sock = self.wire.sock
+        try:
+            auth.client_handshake(self.wire, secret, CONNECT_TIMEOUT)
+        except BaseException:
+            self.sock.close()
+            raise
         self.sock.settimeout(None)
         self.reader = codec.FrameReader()
+        self.reader.feed(self.wire.take_rest())
         self._lock = threading.Lock()
         self.inbox: deque[messages.Message] = deque()
 
     def send(self, msg: messages.Message) -> None:
         data = messages.encode(msg)
         with self._lock:
-            self.sock.sendall(data)
+            self.wire.sendall(data)
 
     def _drain_reader(self) -> None:
         while (f := self.reader.next_frame()) is not None:
             self.inbox.append(messages.decode(f[1]))
 
     def fill(self) -> None:
-        data = self.sock.recv(RECV_SIZE)
+        data = self.wire.recv(RECV_SIZE)
+        if data is None:
+            return  # part of a TLS record
         if not data:
             raise DriverGone("the driver closed the control connection")
         self.reader.feed(data)
@@ -54,9 +64,11 @@ class ControlLink:
         mode switch: the snapshot-writer thread may be sending on this socket meanwhile."""
         while True:
             try:
-                data = self.sock.recv(RECV_SIZE, socket.MSG_DONTWAIT)
+                data = self.wire.recv(RECV_SIZE, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 break
+            if data is None:
+                continue  # part of a TLS record; the next read tells whether more is there
             if not data:
                 raise DriverGone("the driver closed the control connection")
             self.reader.feed(data)

@@ -7,7 +7,9 @@ and the workers share a machine).
 
 The attempt's secret arrives as one hex line on stdin (never on the command line, which
 every local user can read); the control connection and every data connection are
-authenticated with it before anything else is read.
+authenticated with it before anything else is read. A second line, when the job has
+``tls`` on, holds the attempt's TLS material (tls.Material.encode: base64 of msgpack);
+an empty or missing second line means no TLS.
 
 Life of a worker: open a data listener -> connect to the driver and say Hello -> receive
 Deploy (plan as data, operators as cloudpickled code) -> build the chain -> restore its
@@ -30,6 +32,7 @@ import traceback
 from typing import Any
 
 from .. import codec, codeship, messages
+from ..tls import Material
 from ..checkpoint.fence import Fence
 from ..checkpoint.remote import load_task_state
 from ..checkpoint.storage import TaskSnapshotData
@@ -51,7 +54,8 @@ def _load_state(restore: dict[str, Any]) -> TaskSnapshotData:
                               int(restore["size"]), restore["sha256"])
 
 
-def _run(control: ControlLink, listener: socket.socket, task_id: str, generation: int, secret: bytes) -> None:
+def _run(control: ControlLink, listener: socket.socket, task_id: str, generation: int, secret: bytes,
+         material: Material | None) -> None:
     deploy = control.receive()
     if not isinstance(deploy, messages.Deploy):
         raise RuntimeError(f"expected Deploy, got {deploy!r}")
@@ -69,7 +73,8 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     watchdog.start()
 
     def ctx(name: str) -> Any:
-        return OperatorContext(name, spec.index, spec.parallelism, generation, restored, fence)
+        return OperatorContext(name, spec.index, spec.parallelism, generation, restored, fence,
+                               tls=material is not None)
 
     names = list(chain.operators)
     source: Any = None
@@ -120,7 +125,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
                 chans = []
                 for cid in o.channels:
                     consumer = cid.split("->", 1)[1]
-                    chans.append(OutputChannel(cid, deploy.peers[consumer], secret, deploy.connect_timeout))
+                    chans.append(OutputChannel(cid, deploy.peers[consumer], secret, deploy.connect_timeout, material))
                 outputs.append(Output(o, chans, key_fns.get(o.key_operator), tail))
         except BaseException as e:  # noqa: BLE001 - re-raised on the task thread below
             connect_error.append(e)
@@ -130,7 +135,8 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     # other would deadlock.
     connector = threading.Thread(target=connect_outputs, name="connect-outputs", daemon=True)
     connector.start()
-    inputs = accept_inputs(listener, {c.id: c.back_edge for c in spec.inputs}, secret, deploy.connect_timeout)
+    inputs = accept_inputs(listener, {c.id: c.back_edge for c in spec.inputs}, secret, deploy.connect_timeout,
+                           material)
     listener.close()
     connector.join()
     if connect_error:
@@ -169,7 +175,11 @@ def _record_digest(record: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
-def _read_secret() -> bytes:
+TLS_LINE_MAX = 16 << 10  #: the material is about 1 KB of base64
+
+
+def _read_secret() -> tuple[bytes, Material | None]:
+    """The attempt's secret (first line) and its TLS material (second line, if any)."""
     line = sys.stdin.readline(256).strip()
     try:
         secret = bytes.fromhex(line)
@@ -177,19 +187,25 @@ def _read_secret() -> bytes:
         secret = b""
     if len(secret) < 16:
         raise SystemExit("abs-engine worker: no job secret on stdin (workers are started by an executor)")
-    return secret
+    tls_line = sys.stdin.readline(TLS_LINE_MAX).strip()
+    if not tls_line:
+        return secret, None
+    try:
+        return secret, Material.decode(tls_line)
+    except ValueError as e:  # binascii.Error is a ValueError; so are msgpack's decoding errors
+        raise SystemExit(f"abs-engine worker: the TLS material on stdin is malformed ({e})") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = (argv or sys.argv[1:])
     host, port, task_id, generation = args[:4]
     bind_host = args[4] if len(args) > 4 else host
-    secret = _read_secret()
+    secret, material = _read_secret()
     # A stuck worker's Python stacks, on request of the driver (SIGUSR1), even if the GIL
     # is held: to stderr, which the driver's console shows.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        control = ControlLink((host, int(port)), secret)
+        control = ControlLink((host, int(port)), secret, material)
     except (OSError, ProtocolError) as e:
         print(f"abs-engine worker {task_id}: cannot reach the driver: {e}", file=sys.stderr)
         return 1
@@ -201,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     listener = socket.create_server((bind_host, 0), backlog=256)
     control.send(messages.Hello(task_id, int(generation), bind_host, listener.getsockname()[1], os.getpid()))
     try:
-        _run(control, listener, task_id, int(generation), secret)
+        _run(control, listener, task_id, int(generation), secret, material)
         return 0
     except (DriverGone, FencedOut):
         return 1  # nobody to report to, or a newer attempt owns the job now

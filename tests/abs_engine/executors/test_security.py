@@ -114,17 +114,20 @@ def read_all(sock: socket.socket, timeout: float) -> bytes:
     return got
 
 
-@pytest.mark.parametrize("executor", ["local", pytest.param("spark", marks=pytest.mark.spark)])
+@pytest.mark.parametrize("executor", ["local", "local-tls", pytest.param("spark", marks=pytest.mark.spark)])
 def test_impostors_on_the_drivers_port_get_nothing_and_the_job_stays_exact(tmp_path, executor, request):
     go = str(tmp_path / "go")
     sink = CapturingSink(tmp_path / "out")
     flow = Dataflow("guarded", parallelism=1)
     flow.source(TestingSource(range(3000), batch_size=10)).map(Gate(go, 1500, kill=True), name="gate").sink(sink)
-    extra = {"executor": "spark", "spark": request.getfixturevalue("spark")} if executor == "spark" else {}
+    extra: dict[str, Any] = {"executor": "spark", "spark": request.getfixturevalue("spark")} \
+        if executor == "spark" else {}
+    if executor == "local-tls":
+        extra["tls"] = True
     t, box = run_in_thread(lambda: flow.run(checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"),
                                             restart_delay=0, **extra))
     # on Spark the workers are children of Spark's Python workers, not of this process
-    parent = os.getpid() if executor == "local" else None
+    parent = os.getpid() if executor != "spark" else None
     argv = next(iter(wait_for(lambda: workers_of(parent), 60, "the job's workers").values()))
     i = argv.index("abs_engine.runtime.worker")
     host, port, task = argv[i + 1], int(argv[i + 2]), argv[i + 3]
@@ -151,8 +154,12 @@ def test_impostors_on_the_drivers_port_get_nothing_and_the_job_stays_exact(tmp_p
     assert sorted(sink.records()) == list(range(3000))
     for name, s in socks.items():
         got = read_all(s, 10)
-        # the challenge and nothing else: no plan, no code, no peers
-        assert got[:4] == auth.MAGIC and len(got) == auth.CHALLENGE_SIZE, (name, len(got))
+        if executor == "local-tls":
+            # no TLS from them: at most a TLS alert, not even the challenge
+            assert auth.MAGIC not in got and len(got) < 64, (name, got)
+        else:
+            # the challenge and nothing else: no plan, no code, no peers
+            assert got[:4] == auth.MAGIC and len(got) == auth.CHALLENGE_SIZE, (name, len(got))
         s.close()
 
 

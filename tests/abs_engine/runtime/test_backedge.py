@@ -16,6 +16,7 @@ from abs_engine.plan import ChannelSpec, TaskSpec
 from abs_engine.runtime.backedge import BackEdgeLog, BackEdgeOutcome
 from abs_engine.runtime.channel import InputChannel
 from abs_engine.runtime.control import ControlLink
+from abs_engine.wire import Wire
 from abs_engine.runtime.task import Task
 from operators.base import Operator, OperatorContext
 
@@ -131,6 +132,7 @@ class Harness:
         self.ctl_driver, ctl_worker = socket.socketpair()
         control = ControlLink.__new__(ControlLink)
         control.sock, control.reader, control._lock, control.inbox = ctl_worker, codec.FrameReader(), threading.Lock(), __import__("collections").deque()
+        control.wire = Wire(ctl_worker)
         inputs = {
             "r": InputChannel("r", reg_cons, codec.FrameReader(), back_edge=False),
             "b": InputChannel("b", back_cons, codec.FrameReader(), back_edge=True),
