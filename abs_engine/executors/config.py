@@ -118,6 +118,9 @@ KEEP_CHECKPOINT_STATS = 1000
 class JobResult:
     job: str
     duration_s: float = 0.0
+    #: Seconds from the start until every task of the last attempt was running (start-up:
+    #: workers launched, connected, restored); ``duration_s - running_after_s`` is the run.
+    running_after_s: float = 0.0
     restarts: int = 0
     kills: int = 0
     source_records: int = 0

@@ -453,6 +453,7 @@ class JobMaster:
                 if not started:
                     if all(w.running for w in workers.values()):
                         started = True
+                        self.result.running_after_s = time.monotonic() - self.started
                         coord.start()
                     elif now > running_deadline:
                         late = sorted(t for t, w in workers.items() if not w.running)
