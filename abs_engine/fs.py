@@ -85,6 +85,12 @@ def redact(location: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def _is_missing(e: BaseException) -> bool:
+    """pyarrow reports some missing paths as a plain OSError with words, not FileNotFoundError."""
+    text = str(e).lower()
+    return "not found" in text or "does not exist" in text
+
+
 def _check_plain(names: tuple[str, ...], shown: str) -> None:
     for n in names:
         if not n or n in (".", "..") or "/" in n or "\\" in n or "\x00" in n:
@@ -168,7 +174,7 @@ class Store:
         except FileNotFoundError:
             raise
         except Exception as e:
-            if "not found" in str(e).lower() or "does not exist" in str(e).lower():
+            if _is_missing(e):
                 raise FileNotFoundError(self.show(*names)) from None
             raise self._fail("opening", names, e) from e
         try:
@@ -204,21 +210,20 @@ class Store:
 
     def delete_dir(self, *names: str) -> None:
         """Delete directory (prefix) ``names`` and everything below it; missing is fine."""
-        try:
-            self.fs.delete_dir(self.path(*names))
-        except FileNotFoundError:
-            return
-        except Exception as e:
-            if "not found" in str(e).lower() or "does not exist" in str(e).lower():
-                return
-            raise self._fail("deleting", names, e) from e
+        self._delete(self.fs.delete_dir, names)
 
     def delete_file(self, *names: str) -> None:
+        """Delete file ``names``; missing is fine."""
+        self._delete(self.fs.delete_file, names)
+
+    def _delete(self, op: Any, names: tuple[str, ...]) -> None:
         try:
-            self.fs.delete_file(self.path(*names))
+            op(self.path(*names))
         except FileNotFoundError:
             return
         except Exception as e:
+            if _is_missing(e):
+                return
             raise self._fail("deleting", names, e) from e
 
     def make_root(self) -> None:

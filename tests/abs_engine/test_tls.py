@@ -20,6 +20,7 @@ from abs_engine.executors.config import JobConfig
 from abs_engine.runtime import worker
 from abs_engine.runtime.channel import InputChannel, OutputChannel, accept_inputs
 from abs_engine.wire import Wire
+from tests.abs_engine.executors.test_security import read_all
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -48,17 +49,6 @@ def _first_frame(ch: InputChannel) -> tuple[int, bytes]:
     while (f := ch.next_frame()) is None:
         ch.fill()
     return f
-
-
-def _read_all(sock: socket.socket, timeout: float) -> bytes:
-    sock.settimeout(timeout)
-    got = b""
-    try:
-        while data := sock.recv(1 << 16):
-            got += data
-    except (ConnectionResetError, socket.timeout):
-        pass
-    return got
 
 
 def test_material_round_trips_and_the_contexts_are_mutual_tls13(material: tls.Material) -> None:
@@ -152,7 +142,7 @@ def test_another_certificate_and_plain_clients_are_refused_and_the_real_producer
     ch = out["channels"]["a->b"]  # type: ignore[index]
     assert _first_frame(ch) == (codec.FrameKind.RECORDS, codec.pack(["real"]))
     for s in (hello, garbage):
-        got = _read_all(s, 5)
+        got = read_all(s, 5)
         assert auth.MAGIC not in got and len(got) < 64, got  # at most a TLS alert
         s.close()
     real.close()

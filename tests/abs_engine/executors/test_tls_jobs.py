@@ -3,7 +3,6 @@ workers and on the Spark executor reading through the (TLS) partition server."""
 
 from __future__ import annotations
 
-import collections
 
 import pytest
 
@@ -11,18 +10,9 @@ from abs_engine.testing import KillOnCheckpoints
 from examples.wordcount import build_flow
 from tests.chaos_checks import assert_each_kill_restored
 from tests.conftest import batch_word_count, batch_word_count_dir
+from tests.operators.test_spark import counts_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-
-
-def counts_file(path: str) -> collections.Counter[str]:
-    out: collections.Counter[str] = collections.Counter()
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            w, n = line.rstrip("\n").split("\t")
-            assert w not in out
-            out[w] = int(n)
-    return out
 
 
 def test_wordcount_with_tls_survives_sigkills_exactly(medium_corpus, tmp_path):
