@@ -42,6 +42,7 @@ class Deploy(Message):
     task_timeout: float = 0.0  #: a user function busy longer than this fails the task (0: never)
     connect_timeout: float = 60.0  #: for peers to connect and answer (they restore first)
     fence_dir: str = ""  #: the directory of the fence file ("": checkpoint_dir, which is local)
+    fork_snapshots_above: int = -1  #: states of this many entries or more are encoded by a fork (-1: never)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,8 @@ class Ack(Message):
     alignment_ms: float
     logged: int  #: records logged on back-edges (in flight round a loop at the cut)
     finished: bool  #: the task had finished (sent end of stream) when it snapshotted
+    sync_ms: float = 0.0  #: the task thread's share: operators' snapshot() and the copy (a fork, or inline)
+    async_ms: float = 0.0  #: from then to the acknowledgement: encoding (if forked) and the write
 
 
 @dataclass(frozen=True)

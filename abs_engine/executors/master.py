@@ -113,6 +113,8 @@ class JobMaster:
         self.job_id = ""  #: a fresh run's own id, or adopted from the checkpoints it resumes
         self.run_nonce = secrets.token_hex(8)  #: this driver process's run, in fence tokens
         self.control_dir = ""  #: where the lock and the output fence live (see remote.control_dir)
+        #: checkpoint id -> (slowest task-thread share, slowest async part) of the acks so far, in ms
+        self.snapshot_ms: dict[int, tuple[float, float]] = {}
         #: (operator, record digest) of failures seen: the same again after a restart is a poison record.
         self.failed_records: set[tuple[str | None, str]] = set()
         self.consecutive_expired = 0
@@ -263,7 +265,7 @@ class JobMaster:
                     self.plan.to_dict(), self.code, peers, restore,
                     bool(meta is not None and meta.final), storage.root, token,
                     cfg.heartbeat_interval, cfg.task_timeout, cfg.startup_timeout,
-                    fence_dir=self.control_dir))
+                    fence_dir=self.control_dir, fork_snapshots_above=cfg.fork_snapshots_above))
             self._drive(workers, storage, meta, next_id)
         finally:
             self.launcher.stop({t: w.proc for t, w in workers.items()}, timeout=10.0)
@@ -516,11 +518,16 @@ class JobMaster:
             self.source_progress[msg.task] = msg.records_in
         elif isinstance(msg, messages.Ack):
             outcome, meta = coord.on_ack(msg)
+            times = self.snapshot_ms.setdefault(msg.checkpoint_id, (0.0, 0.0))
+            self.snapshot_ms[msg.checkpoint_id] = (max(times[0], msg.sync_ms), max(times[1], msg.async_ms))
             if meta is not None:
                 self.consecutive_expired = 0
+                sync_ms, async_ms = self.snapshot_ms.pop(meta.checkpoint_id)
+                for old in [c for c in self.snapshot_ms if c < meta.checkpoint_id]:
+                    del self.snapshot_ms[old]  # aborted or expired ones: bounded
                 self.result.add_checkpoint(CheckpointStat(
                     meta.checkpoint_id, meta.duration_ms, sum(e.size for e in meta.tasks.values()),
-                    max(meta.alignment_ms.values(), default=0.0), meta.final))
+                    max(meta.alignment_ms.values(), default=0.0), meta.final, sync_ms, async_ms))
                 for task, m in coord.notifications(meta):
                     self._send(workers[task], m)
                 self._chaos_on_checkpoint(meta.checkpoint_id, workers)

@@ -24,8 +24,9 @@ from typing import Any
 from operators.base import Operator, RecordError, Source
 
 from .. import codec, messages
-from ..errors import FencedOut, SerializationError
+from ..errors import FencedOut
 from ..plan import TaskSpec
+from . import snapshot_encoding
 from .alignment import BarrierAligner, Outcome
 from .backedge import BackEdgeLog, Session
 from .channel import InputChannel
@@ -78,6 +79,7 @@ class Task:
         restored_finished: bool = False,
         activity: Activity | None = None,
         file_tag: str = "",
+        fork_above: int = -1,
     ):
         self.spec = spec
         self.op_names = op_names
@@ -89,6 +91,8 @@ class Task:
         self.control = control
         self.writer = writer
         self.checkpoint_dir = checkpoint_dir
+        #: States of at least this many entries are encoded by a forked child (-1: never).
+        self.fork_above = fork_above
         self.replay = replay or []
         #: Restored from a snapshot taken after the task had finished: its final output is
         #: already in that checkpoint, so finish() must not run again; only end of stream does.
@@ -211,19 +215,20 @@ class Task:
     def _snapshot(self, checkpoint_id: int, forward: bool = True) -> None:
         """forward=False: stop-the-world, nothing is in flight and no barrier travels."""
         self.last_snapshot = checkpoint_id
-        states: dict[str, bytes] = {}
+        began = time.perf_counter()
+        states: dict[str, Any] = {}
         for name, op in self._all_operators():
             self.activity.enter(name)
             try:
-                state = op.snapshot(checkpoint_id)
+                states[name] = op.snapshot(checkpoint_id)
             except Exception as e:
                 raise OperatorFailure(name) from e
             finally:
                 self.activity.leave()
-            try:
-                states[name] = codec.pack(state)
-            except (TypeError, ValueError, OverflowError) as e:
-                raise OperatorFailure(name, fatal=True) from SerializationError("the state", name, str(e))
+        # The consistent copy: encoded here if small, else by a forked child (copy-on-write).
+        encoding = snapshot_encoding.start(states, self.fork_above)
+        del states
+        sync_ms = (time.perf_counter() - began) * 1000
         if forward and not self.finished:
             barrier = codec.frame(codec.FrameKind.BARRIER, codec.pack(checkpoint_id))
             for out in self.outputs:
@@ -232,7 +237,7 @@ class Task:
         if self.blocked_since is not None:
             alignment_ms = (time.perf_counter() - self.blocked_since) * 1000
             self.blocked_since = None
-        payload = (states, alignment_ms, self.finished)
+        payload = (encoding, alignment_ms, self.finished, sync_ms)
         if not forward:
             # Stop-the-world: nothing is in flight (proven by counting), so no back-edge
             # has anything to log, and no barrier will come round to close a session.
@@ -244,12 +249,15 @@ class Task:
             self._write(s)
 
     def _write(self, s: Session) -> None:
-        states, alignment_ms, finished = s.payload
+        encoding, alignment_ms, finished, sync_ms = s.payload
         logs = {ch: codec.pack(recs) for ch, recs in s.logs.items()}
-        blob = codec.pack({"task": self.spec.id, "checkpoint_id": s.checkpoint_id, "operators": states,
-                           "logs": logs, "finished": finished})
+        task, cid = self.spec.id, s.checkpoint_id
+
+        def blob() -> bytes:  # on the writer thread: waits for a forked encoder
+            return snapshot_encoding.snapshot_file(task, cid, encoding.result(), logs, finished)
+
         name = f"{self.spec.id}.{self.file_tag}.state" if self.file_tag else f"{self.spec.id}.state"
-        self.writer.submit(s.checkpoint_id, name, blob, alignment_ms, s.logged, finished)
+        self.writer.submit(s.checkpoint_id, name, blob, alignment_ms, s.logged, finished, sync_ms)
 
     def _release(self, channels: tuple[str, ...]) -> None:
         for cid in channels:

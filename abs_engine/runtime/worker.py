@@ -143,12 +143,15 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
         raise connect_error[0]
 
     def writer_failed(e: BaseException) -> None:
-        _report(control, task_id, "<checkpoint writer>", "".join(traceback.format_exception(e)), False)
+        if isinstance(e, OperatorFailure):  # a state a forked encoder could not encode
+            _report(control, task_id, e.operator, "".join(traceback.format_exception(e.__cause__ or e)), e.fatal)
+        else:
+            _report(control, task_id, "<checkpoint writer>", "".join(traceback.format_exception(e)), False)
         os._exit(1)
 
     writer = SnapshotWriter(control, task_id, deploy.checkpoint_dir, writer_failed)
     task = Task(spec, names, ops, source, source_name, outputs, inputs, control, writer, deploy.checkpoint_dir,
-                replay, restored_finished, activity, _file_tag(deploy.fence, generation))
+                replay, restored_finished, activity, _file_tag(deploy.fence, generation), deploy.fork_snapshots_above)
     control.send(messages.Running(task_id))
     task.run()
     writer.flush()

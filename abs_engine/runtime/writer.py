@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import queue
 import threading
+import time
+from dataclasses import dataclass
 from typing import Callable
 
 from .. import fs, messages
@@ -28,13 +30,16 @@ class SnapshotWriter:
         self.task = task
         self.root = root  #: the checkpoint location: a local directory or a remote URI
         self.on_error = on_error
-        self.jobs: queue.Queue[tuple[int, str, bytes, float, int, bool] | None] = queue.Queue()
+        self.jobs: queue.Queue[_Job | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="snapshot-writer", daemon=True)
         self.thread.start()
 
-    def submit(self, checkpoint_id: int, name: str, blob: bytes, alignment_ms: float,
-               logged: int, finished: bool) -> None:
-        self.jobs.put((checkpoint_id, name, blob, alignment_ms, logged, finished))
+    def submit(self, checkpoint_id: int, name: str, blob: bytes | Callable[[], bytes], alignment_ms: float,
+               logged: int, finished: bool, sync_ms: float = 0.0) -> None:
+        """Write ``blob`` (or what ``blob()`` returns, called on this thread: it may wait for a
+        forked encoder) as the task's state file, then acknowledge it with the time the
+        task thread spent (``sync_ms``) and the time from here to the acknowledgement."""
+        self.jobs.put(_Job(checkpoint_id, name, blob, alignment_ms, logged, finished, sync_ms, time.perf_counter()))
 
     def flush(self) -> None:
         """Wait until every submitted snapshot is written and acknowledged."""
@@ -51,14 +56,27 @@ class SnapshotWriter:
             try:
                 if job is None:
                     return
-                cid, name, blob, alignment_ms, logged, finished = job
-                write_task_state(self.root, cid, name, blob)
+                blob = job.blob() if callable(job.blob) else job.blob
+                write_task_state(self.root, job.checkpoint_id, job.name, blob)
                 digest = hashlib.sha256(blob).hexdigest()
                 self.control.send(
-                    messages.Ack(cid, self.task, name, len(blob), digest, alignment_ms,
-                                 logged, finished)
+                    messages.Ack(job.checkpoint_id, self.task, job.name, len(blob), digest, job.alignment_ms,
+                                 job.logged, job.finished, job.sync_ms,
+                                 (time.perf_counter() - job.submitted) * 1000)
                 )
             except BaseException as e:  # noqa: BLE001 - reported to the driver, then the worker dies
                 self.on_error(e)
             finally:
                 self.jobs.task_done()
+
+
+@dataclass(frozen=True)
+class _Job:
+    checkpoint_id: int
+    name: str
+    blob: bytes | Callable[[], bytes]
+    alignment_ms: float
+    logged: int
+    finished: bool
+    sync_ms: float
+    submitted: float  #: perf_counter() at submit

@@ -54,13 +54,14 @@ class OpaqueState(CountFinal):
         return {"counts": object()}
 
 
-def test_state_msgpack_cannot_encode_fails_at_once_naming_the_operator(tmp_path):
+@pytest.mark.parametrize("fork", [False, True], ids=["inline", "forked"])
+def test_state_msgpack_cannot_encode_fails_at_once_naming_the_operator(tmp_path, fork):
     flow = Dataflow("badstate")
     flow.source(TestingSource(["a", "b", "a"])).key_by().apply_keyed(OpaqueState(), name="opaque").sink(
         CapturingSink(tmp_path / "c")
     )
     with pytest.raises(JobFailed) as ei:
-        flow.run(restart_attempts=5, restart_delay=0)
+        flow.run(restart_attempts=5, restart_delay=0, fork_snapshots_above=0 if fork else -1)
     assert ei.value.operator == "opaque"
     assert "cannot be serialised with msgpack" in str(ei.value)
     assert "cannot be retried" in str(ei.value)  # deterministic: no pointless restarts

@@ -1,0 +1,158 @@
+"""Encoding a task's operator states for a snapshot, off the task thread when they are large.
+
+A snapshot's consistent copy is taken as Redis's BGSAVE takes one: the task thread asks
+every operator for its state (a reference, no copy), then forks; the child sees the
+memory exactly as it was at the fork (copy-on-write), encodes it with msgpack and sends
+the bytes to the parent on a pipe, while the parent forwards the barrier and goes on
+processing. The task thread's share is one fork (a page-table copy), not an encoding
+that grows with the state. Small states are encoded inline: a fork costs more than they do.
+
+Invariants:
+- The encoded result is the msgpack map {operator name: packed state}, byte for byte what
+  the inline path produces, so state files do not depend on the path taken.
+- The child never returns into the worker's code: it closes every descriptor but its pipe
+  at once (it can never write to a channel, the control link, a sink or the fence, and a
+  dead parent's sockets close at once), takes no lock another thread may hold (msgpack
+  only), writes ``b"O" + result`` or ``b"E" + [operator, reason]`` and ``os._exit``s. It is
+  SIGKILLed if the parent dies (PR_SET_PDEATHSIG), so no orphan encodes for nobody.
+- ``result()`` (on the writer thread) reads the pipe to its end and reaps the child; a
+  child that died or sent anything else is a RuntimeError naming its exit, a state that
+  msgpack cannot encode is OperatorFailure(fatal) from SerializationError, as inline.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from typing import Any, Protocol
+
+import msgpack
+
+from ..errors import SerializationError
+from .output import OperatorFailure
+
+_PR_SET_PDEATHSIG = 1
+_OK, _ERR = b"O", b"E"
+_ENCODE_ERRORS = (TypeError, ValueError, OverflowError)
+
+
+class Encoding(Protocol):
+    def result(self) -> bytes:
+        """The packed {operator: packed state} map (blocks until it is ready)."""
+
+
+class Inline:
+    """Encoded on the task thread."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def result(self) -> bytes:
+        return self.data
+
+
+def _pack_all(states: dict[str, Any]) -> bytes:
+    """The packed map {name: packed state}; OperatorFailure(fatal) naming the operator
+    whose state msgpack cannot encode."""
+    packed: dict[str, bytes] = {}
+    for name, state in states.items():
+        try:
+            packed[name] = msgpack.packb(state, use_bin_type=True)
+        except _ENCODE_ERRORS as e:
+            raise OperatorFailure(name, fatal=True) from SerializationError("the state", name, str(e))
+    data: bytes = msgpack.packb(packed, use_bin_type=True)
+    return data
+
+
+class Forked:
+    """Encoded by a forked child; ``result()`` collects it."""
+
+    __slots__ = ("pid", "fd")
+
+    def __init__(self, pid: int, fd: int):
+        self.pid = pid
+        self.fd = fd
+
+    def result(self) -> bytes:
+        chunks = []
+        try:
+            while chunk := os.read(self.fd, 1 << 20):
+                chunks.append(chunk)
+        finally:
+            os.close(self.fd)
+            _, status = os.waitpid(self.pid, 0)
+        data = b"".join(chunks)
+        if data[:1] == _OK and os.waitstatus_to_exitcode(status) == 0:
+            return data[1:]
+        if data[:1] == _ERR:
+            name, reason = msgpack.unpackb(data[1:], raw=False)
+            raise OperatorFailure(name, fatal=True) from SerializationError("the state", name, reason)
+        raise RuntimeError(f"the snapshot encoder (pid {self.pid}) ended with exit status "
+                           f"{os.waitstatus_to_exitcode(status)} without a result")
+
+
+def _in_child(states: dict[str, Any], w: int, parent: int) -> None:
+    """The child's whole life: never returns."""
+    code = 0
+    try:
+        try:
+            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent:
+            os._exit(1)  # the parent died before the death signal was armed
+        os.closerange(3, w)
+        os.closerange(w + 1, 1 << 20)
+        try:
+            out = _OK + _pack_all(states)
+        except OperatorFailure as e:
+            out = _ERR + msgpack.packb([e.operator, str(e.__cause__)], use_bin_type=True)
+        view = memoryview(out)
+        while view:
+            view = view[os.write(w, view):]
+    except BaseException:  # noqa: BLE001 - whatever happens, the child must not live on
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _entries(state: Any) -> int:
+    try:
+        return len(state)
+    except TypeError:
+        return 1
+
+
+def start(states: dict[str, Any], fork_above: int) -> Encoding:
+    """Begin encoding ``states`` (operator -> state as returned by ``snapshot``): in a
+    forked child when they hold at least ``fork_above`` entries in all (``fork_above < 0``:
+    never fork), else inline. Raises OperatorFailure(fatal) at once for an inline state
+    msgpack cannot encode; a forked one fails in ``result()``."""
+    if fork_above < 0 or sum(_entries(s) for s in states.values()) < fork_above:
+        return Inline(_pack_all(states))
+    r, w = os.pipe()
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return Inline(_pack_all(states))  # no memory for a fork: encode here instead
+    if pid == 0:
+        os.close(r)
+        _in_child(states, w, parent)
+    os.close(w)
+    return Forked(pid, r)
+
+
+def snapshot_file(task: str, checkpoint_id: int, operators: bytes, logs: dict[str, bytes], finished: bool) -> bytes:
+    """A task's state file (read by checkpoint.storage.decode_snapshot): the msgpack map
+    {task, checkpoint_id, operators, logs, finished}, with ``operators`` spliced in as the
+    already packed map it is (no second encoding of the state)."""
+    p = msgpack.Packer(use_bin_type=True)
+    return b"".join([p.pack_map_header(5), p.pack("task"), p.pack(task), p.pack("checkpoint_id"),
+                     p.pack(checkpoint_id), p.pack("operators"), operators, p.pack("logs"), p.pack(logs),
+                     p.pack("finished"), p.pack(finished)])
