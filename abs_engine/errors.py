@@ -109,3 +109,22 @@ class ProtocolError(AbsEngineError):
 class FencedOut(AbsEngineError):
     """This process belongs to an attempt that a newer one has replaced: it must not
     change output or checkpoints any more."""
+
+
+class RescaleErrorReason(enum.Enum):
+    STATEFUL_OPERATOR = "stateful_operator"  #: its state has no rule to split or merge it
+    FINISHED = "finished"  #: the checkpoint was taken after the operator had finished
+    IN_FLIGHT = "in_flight"  #: records logged on a back-edge that cannot be re-routed by key
+    OLD_FORMAT = "old_format"  #: the state was written before it could be rescaled
+    REMOVED_OPERATOR = "removed_operator"  #: the checkpoint holds state of an operator the job lacks
+    MAX_PARALLELISM = "max_parallelism"  #: more subtasks than key groups, or another key-group count
+
+
+class RescaleError(AbsEngineError):
+    """A checkpoint cannot be restored at the job's new parallelism; the message names the
+    operator and the fix."""
+
+    def __init__(self, reason: RescaleErrorReason, message: str, operator: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.operator = operator

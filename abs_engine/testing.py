@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 
 from operators.base import OperatorContext, Source
 from operators.files import FileSink
+from operators.generators import Progressions
 
 from . import codec
 
@@ -58,15 +59,14 @@ class TestingSource(Source):
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
-        # Subtask i of p owns items i, i+p, i+2p, ... ; its offset counts its own items.
-        self.mine = self.items[ctx.subtask_index :: ctx.parallelism]
-        self.pos = 0
+        # Subtask i of p owns items i, i+p, i+2p, ...; its offset is what it has left of them.
+        self.todo = Progressions.of_subtask(len(self.items), ctx.subtask_index, ctx.parallelism)
 
     def read_batch(self) -> list[Any] | None:
-        if self.pos >= len(self.mine):
+        r = self.todo.take(self.batch_size)
+        if r is None:
             return None
-        batch = self.mine[self.pos : self.pos + self.batch_size]
-        self.pos += len(batch)
+        batch = [self.items[i] for i in r]
         if any(isinstance(item, _Abort) for item in batch):
             if self.ctx.attempt == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -74,10 +74,18 @@ class TestingSource(Source):
         return batch
 
     def snapshot(self, checkpoint_id: int) -> Any:
-        return self.pos
+        return self.todo.state()
 
     def restore(self, state: Any) -> None:
-        self.pos = int(state)
+        p, i = self.ctx.parallelism, self.ctx.subtask_index
+        if isinstance(state, int):  # older checkpoints: how many of its own items it had read
+            state = i + state * p
+        self.todo = Progressions.from_state(len(self.items), state, p, i)
+
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Any) -> Any:
+        p_old = len(old)
+        absolute = [k + s * p_old if isinstance(s, int) else s for k, s in enumerate(old)]
+        return Progressions.rescale(len(self.items), absolute, p_old, index, parallelism)
 
 
 def _msgpack_line(record: Any) -> str:

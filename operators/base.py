@@ -10,6 +10,14 @@ msgpack-encodable state that reflects exactly the records processed before the b
 ``notify_checkpoint_complete(id)`` tells the operator that every task's snapshot for ``id``
 is durable (side effects such as publishing output may happen then, and must be
 idempotent: after a crash the notification may come again, or restore() may come first).
+
+Rescaling contract: when a job resumes with another parallelism for an operator,
+``rescale_state(old, index, parallelism, owns)`` builds the state subtask ``index`` restores
+from the states of *all* the operator's old subtasks (``old``, in subtask order), then
+``restore`` gets it. Keyed operators keep only the keys whose key group the new subtask owns
+(``owns(key)``); sources pool their unread splits and deal them out. The default accepts an
+operator without state (every old state None) and refuses one with state
+(RescaleError(STATEFUL_OPERATOR), naming it): override it to make user state rescalable.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,21 @@ class OperatorContext:
             return contextlib.nullcontext()
         guard: ContextManager[None] = self.fence.hold()
         return guard
+
+
+Owns = Callable[[Any], bool]  #: key -> whether the new subtask owns the key's key group
+
+
+def stateless_rescale(operator: str, old: list[Any]) -> None:
+    """The state of a rescaled operator that keeps none: None, or RescaleError naming it."""
+    from abs_engine.errors import RescaleError, RescaleErrorReason  # here: abs_engine imports this module
+
+    if any(s is not None for s in old):
+        raise RescaleError(RescaleErrorReason.STATEFUL_OPERATOR,
+                           f"operator {operator!r} keeps state that has no rule to be split across another "
+                           "parallelism: keep its parallelism when you resume (set it on the operator), or "
+                           "override rescale_state() on it", operator)
+    return None
 
 
 ON_ERROR = ("fail", "skip")
@@ -89,6 +112,11 @@ class Operator(ABC):
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         pass
 
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
+        """The state of subtask ``index`` of ``parallelism`` from all old subtasks' states
+        (see the module docstring). Default: only an operator without state rescales."""
+        return stateless_rescale(self.ctx.operator, old)
+
     def close(self) -> None:
         pass
 
@@ -126,6 +154,17 @@ class Source(ABC):
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         pass
+
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
+        """The offsets of subtask ``index`` of ``parallelism`` from all old subtasks'
+        (see the module docstring): a source that can be rescaled pools its unread splits
+        and deals them out. Default: refused, naming the source."""
+        from abs_engine.errors import RescaleError, RescaleErrorReason
+
+        raise RescaleError(RescaleErrorReason.STATEFUL_OPERATOR,
+                           f"source {self.ctx.operator!r} cannot redistribute its offsets to another "
+                           "parallelism: keep its parallelism when you resume (set it on the source)",
+                           self.ctx.operator)
 
     def close(self) -> None:
         pass

@@ -34,8 +34,11 @@ class TextFileSource(Source):
     """Lines of a UTF-8 text file, without their newline.
 
     Subtask i of p reads the lines that *start* in byte range [size*i/p, size*(i+1)/p).
-    Its offset is the byte position of the next line to read, so a restore rewinds
-    exactly and never re-reads the ranges of other subtasks.
+    Its offset is the byte position of the next line to read, with the end of its range
+    (and any further ranges it was dealt on a rescale), so a restore rewinds exactly and
+    never re-reads the ranges of other subtasks. A range's lines are those that start in
+    it, so a range can be cut at any byte: rescaling pools every old subtask's unread
+    ranges and gives new subtask i the i-th of ``parallelism`` equal shares of their bytes.
 
     Every snapshot carries the file's fingerprint (size, mtime in ns, sha256 of its first
     and last 64 KiB) with the offset; restoring into a file with another fingerprint (it was
@@ -63,6 +66,7 @@ class TextFileSource(Source):
         i, p = ctx.subtask_index, ctx.parallelism
         self.start, self.end = size * i // p, size * (i + 1) // p
         self.pos = self._first_line_at_or_after(self.start)
+        self.more: list[list[int]] = []  #: further byte ranges [start, end) to read, in order
 
     def _first_line_at_or_after(self, at: int) -> int:
         if at == 0:
@@ -74,8 +78,11 @@ class TextFileSource(Source):
         return self._f.tell()
 
     def read_batch(self) -> list[Any] | None:
-        if self.pos >= self.end:
-            return None
+        while self.pos >= self.end:
+            if not self.more:
+                return None
+            start, self.end = self.more.pop(0)
+            self.pos = self._first_line_at_or_after(start)
         f = self._f
         f.seek(self.pos)
         chunk = f.read(self.batch_bytes)
@@ -107,7 +114,31 @@ class TextFileSource(Source):
         return lines
 
     def snapshot(self, checkpoint_id: int) -> Any:
-        return {"offset": self.pos, "fingerprint": self.fingerprint}
+        return {"offset": self.pos, "end": self.end, "more": [list(r) for r in self.more],
+                "fingerprint": self.fingerprint}
+
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Any) -> Any:
+        from abs_engine.errors import RescaleError, RescaleErrorReason
+
+        ranges: list[tuple[int, int]] = []
+        for state in old:
+            if "end" not in state:
+                raise RescaleError(RescaleErrorReason.OLD_FORMAT,
+                                   f"source {self.ctx.operator!r}: the checkpoint was written by an older version "
+                                   "that did not record its byte ranges; resume at its old parallelism once, then "
+                                   "rescale from a newer checkpoint", self.ctx.operator)
+            ranges += [(int(a), int(b)) for a, b in [[state["offset"], state["end"]], *state["more"]] if a < b]
+        total = sum(b - a for a, b in ranges)
+        lo, hi = total * index // parallelism, total * (index + 1) // parallelism
+        mine: list[list[int]] = []
+        at = 0  # bytes of the pooled ranges before the current one
+        for a, b in ranges:
+            cut_a, cut_b = max(a, a + lo - at), min(b, a + hi - at)
+            if cut_a < cut_b:
+                mine.append([cut_a, cut_b])
+            at += b - a
+        first = mine.pop(0) if mine else [0, 0]
+        return {"offset": first[0], "end": first[1], "more": mine, "fingerprint": old[0]["fingerprint"]}
 
     def restore(self, state: Any) -> None:
         then = list(state["fingerprint"])
@@ -124,7 +155,11 @@ class TextFileSource(Source):
                 f"its offset (byte {state['offset']}) may point into other data. Restore the original file, "
                 "or start the job afresh with an empty checkpoint directory"
             )
-        self.pos = int(state["offset"])
+        # An offset is a line start, except where a rescale cut a range: start at the next line.
+        self.pos = self._first_line_at_or_after(int(state["offset"]))
+        if "end" in state:  # older checkpoints recorded the offset only; their end is this subtask's
+            self.end = int(state["end"])
+            self.more = [[int(a), int(b)] for a, b in state["more"]]
 
     def close(self) -> None:
         self._f.close()

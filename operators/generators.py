@@ -2,14 +2,64 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from .base import OperatorContext, Source
 
 
+class Progressions:
+    """What a subtask has left to read of ``range(stop)``: arithmetic progressions
+    ``[next, step]``, read one after the other. Subtask k of p starts with one, ``[k, p]``.
+
+    Rescaling pools every old subtask's unread progressions and splits each of them
+    ``parallelism`` ways (subtask i takes ``[next + i*step, step*parallelism]``), so every
+    unread index goes to exactly one new subtask and the shares stay even."""
+
+    def __init__(self, stop: int, todo: list[list[int]]):
+        self.stop = stop
+        self.todo = [[a, s] for a, s in todo if a < stop]
+
+    @staticmethod
+    def of_subtask(stop: int, index: int, parallelism: int) -> "Progressions":
+        return Progressions(stop, [[index, parallelism]])
+
+    @staticmethod
+    def from_state(stop: int, state: Any, parallelism: int, index: int) -> "Progressions":
+        """From a snapshot: a list of [next, step], or (older checkpoints) the next index
+        of this subtask's single progression, step ``parallelism``."""
+        if isinstance(state, int):
+            return Progressions(stop, [[state, parallelism]])
+        return Progressions(stop, [[int(a), int(s)] for a, s in state])
+
+    def take(self, n: int) -> range | None:
+        """Up to ``n`` indices of the first unfinished progression, or None when all are read."""
+        while self.todo and self.todo[0][0] >= self.stop:
+            self.todo.pop(0)
+        if not self.todo:
+            return None
+        a, s = self.todo[0]
+        end = min(self.stop, a + s * n)
+        self.todo[0][0] = a + s * len(range(a, end, s))
+        return range(a, end, s)
+
+    def state(self) -> list[list[int]]:
+        return [list(p) for p in self.todo]
+
+    @staticmethod
+    def rescale(stop: int, old: list[Any], old_parallelism: int, index: int, parallelism: int) -> list[list[int]]:
+        pooled: list[list[int]] = []
+        for k, state in enumerate(old):
+            pooled += Progressions.from_state(stop, state, old_parallelism, k).todo
+        return [[a + index * s, s * parallelism] for a, s in pooled if a + index * s < stop]
+
+
+Owns = Callable[[Any], bool]
+
+
 class RangeSource(Source):
     """The integers ``start <= i < stop``; subtask k of p emits those with i % p == k
-    (relative to start), in increasing order. Its offset is the next integer to emit."""
+    (relative to start), in increasing order. Its offset is what it has left to emit
+    (``Progressions``), which is also what lets it rescale."""
 
     def __init__(self, start: int, stop: int | None = None, batch_size: int = 1000):
         if stop is None:
@@ -18,19 +68,23 @@ class RangeSource(Source):
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
-        self.step = ctx.parallelism
-        self.next = self.start + ctx.subtask_index
+        self.todo = Progressions.of_subtask(self.stop - self.start, ctx.subtask_index, ctx.parallelism)
 
     def read_batch(self) -> list[Any] | None:
-        if self.next >= self.stop:
+        r = self.todo.take(self.batch_size)
+        if r is None:
             return None
-        end = min(self.stop, self.next + self.step * self.batch_size)
-        batch = list(range(self.next, end, self.step))
-        self.next += self.step * len(batch)
-        return batch
+        return list(range(self.start + r.start, self.start + r.stop, r.step))
 
     def snapshot(self, checkpoint_id: int) -> Any:
-        return self.next
+        return self.todo.state()
 
     def restore(self, state: Any) -> None:
-        self.next = int(state)
+        if isinstance(state, int):
+            state -= self.start  # older checkpoints: the absolute next integer
+        self.todo = Progressions.from_state(self.stop - self.start, state, self.ctx.parallelism,
+                                            self.ctx.subtask_index)
+
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
+        rel = [s - self.start if isinstance(s, int) else s for s in old]
+        return Progressions.rescale(self.stop - self.start, rel, len(old), index, parallelism)

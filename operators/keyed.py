@@ -41,6 +41,15 @@ class _Keyed(Operator):
     def restore(self, state: Any) -> None:
         self.state = dict(state)
 
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Callable[[Any], bool]) -> Any:
+        """The keys of every old subtask whose key group the new subtask owns (the old
+        subtasks' keys are disjoint: each key lived where its key group was routed)."""
+        mine: dict[Any, Any] = {}
+        for state in old:
+            if state:
+                mine.update((k, v) for k, v in state.items() if owns(k))
+        return mine
+
 
 class Count(_Keyed):
     """Running count per key: emits (key, count so far) for every record."""
