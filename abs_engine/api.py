@@ -15,6 +15,7 @@ from operators.basic import Filter, FlatMap, Identity, Map
 from operators.keyed import Count, CountFinal, Reduce, ReduceFinal
 
 from .errors import GraphError, GraphErrorReason
+from .keygroups import UPPER_BOUND
 from .graph import Edge, LogicalGraph, Node, NodeKind, Partition
 
 if TYPE_CHECKING:
@@ -34,12 +35,19 @@ def _fn_label(fn: Any) -> str:
 
 
 class Dataflow:
-    """A dataflow under construction. ``parallelism`` is the default for every operator."""
+    """A dataflow under construction. ``parallelism`` is the default for every operator.
+    ``max_parallelism`` is the number of key groups keys are spread over (keygroups.py): the
+    most subtasks any operator can ever have, fixed for the life of the job (its
+    checkpoints record it; rescaling keeps it)."""
 
-    def __init__(self, name: str = "dataflow", parallelism: int = 1):
+    def __init__(self, name: str = "dataflow", parallelism: int = 1, max_parallelism: int = 128):
         if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
             raise GraphError(GraphErrorReason.BAD_PARALLELISM, f"parallelism must be an int >= 1, got {parallelism!r}")
-        self.graph = LogicalGraph(name=name, default_parallelism=parallelism)
+        if (not isinstance(max_parallelism, int) or isinstance(max_parallelism, bool)
+                or not 1 <= max_parallelism <= UPPER_BOUND):
+            raise GraphError(GraphErrorReason.BAD_PARALLELISM,
+                             f"max_parallelism must be an int between 1 and {UPPER_BOUND}, got {max_parallelism!r}")
+        self.graph = LogicalGraph(name=name, default_parallelism=parallelism, max_parallelism=max_parallelism)
         self._counters: dict[str, int] = {}
 
     def _name(self, wanted: str | None, base: str) -> str:

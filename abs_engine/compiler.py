@@ -86,6 +86,12 @@ def validate(graph: LogicalGraph, g: nx.DiGraph) -> None:
                 f"feedback {n.name!r} was never connected: call .connect(stream) to close the loop",
                 n.name,
             )
+    for n, p in g.nodes(data="parallelism"):
+        if p > graph.max_parallelism:
+            fail(GraphErrorReason.BAD_PARALLELISM,
+                 f"operator {n!r} has parallelism {p}, more than the job's max_parallelism "
+                 f"({graph.max_parallelism} key groups): lower it, or raise Dataflow(max_parallelism=...) "
+                 "(fixed for the life of the job: checkpoints record it)", n)
     for n, kind in g.nodes(data="kind"):
         if kind is NodeKind.SOURCE and g.in_degree(n):
             fail(GraphErrorReason.SOURCE_WITH_INPUTS, f"source {n!r} has inputs: a source cannot consume a stream", n)
@@ -229,7 +235,7 @@ def compile_graph(graph: LogicalGraph) -> Plan:
         for c in chains
         for i in range(c.parallelism)
     )
-    return Plan(graph.name, operators, tuple(chains), edges, tasks)
+    return Plan(graph.name, operators, tuple(chains), edges, tasks, graph.max_parallelism)
 
 
 def explain(plan: Plan) -> str:

@@ -124,7 +124,15 @@ class RescaleError(AbsEngineError):
     """A checkpoint cannot be restored at the job's new parallelism; the message names the
     operator and the fix."""
 
+    fatal = True  #: retrying cannot help: the checkpoint and the dataflow stay what they are
+
     def __init__(self, reason: RescaleErrorReason, message: str, operator: str | None = None):
         super().__init__(message)
         self.reason = reason
         self.operator = operator
+
+
+class KeyTypeError(AbsEngineError, TypeError):
+    """A key_by key whose type cannot be placed in a key group (keygroups.py)."""
+
+    fatal = True  #: the same key fails the same way on every retry

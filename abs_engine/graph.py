@@ -49,5 +49,6 @@ class Edge:
 class LogicalGraph:
     name: str
     default_parallelism: int = 1
+    max_parallelism: int = 128  #: key groups: the most subtasks a keyed operator can ever have
     nodes: dict[str, Node] = field(default_factory=dict)
     edges: list[Edge] = field(default_factory=list)

@@ -42,7 +42,7 @@ class Deploy(Message):
     task_timeout: float = 0.0  #: a user function busy longer than this fails the task (0: never)
     connect_timeout: float = 60.0  #: for peers to connect and answer (they restore first)
     fence_dir: str = ""  #: the directory of the fence file ("": checkpoint_dir, which is local)
-    fork_snapshots_above: int = -1  #: states of this many entries or more are encoded by a fork (-1: never)
+    snapshot_encoding: str = "auto"  #: "auto", "fork" or "inline" (runtime/snapshot_encoding.py)
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ class Plan:
     chains: tuple[ChainSpec, ...]
     edges: tuple[EdgeSpec, ...]
     tasks: tuple[TaskSpec, ...]
+    max_parallelism: int = 128  #: key groups (keygroups.py), fixed for the life of the job
 
     @property
     def back_edges(self) -> tuple[EdgeSpec, ...]:
@@ -118,8 +119,33 @@ class Plan:
             [[o.name, o.kind, o.keyed, o.parallelism] for o in self.operators],
             [[e.src, e.dst, e.partition, e.back_edge] for e in self.edges],
             [[t.id, [c.id for c in t.inputs]] for t in self.tasks],
+            self.max_parallelism,
         ]
         return hashlib.sha256(codec.pack(shape)).hexdigest()[:16]
+
+    def logical_edges(self) -> list[tuple[str, str, bool, bool]]:
+        """(producer, consumer, hash-partitioned, back-edge) for every operator-to-operator
+        edge, inside chains too: what does not change when parallelism (and so chaining)
+        does."""
+        inner = [(a, b, False, False) for c in self.chains for a, b in zip(c.operators, c.operators[1:])]
+        outer = [(e.src, e.dst, e.partition == "hash", e.back_edge) for e in self.edges]
+        return sorted(inner + outer)
+
+    def shape(self) -> str:
+        """The dataflow without its parallelism: operators and logical edges. A checkpoint of
+        the same shape restores at any parallelism (rescaling)."""
+        ops = sorted([o.name, o.kind, o.keyed] for o in self.operators)
+        return hashlib.sha256(codec.pack([ops, [list(e) for e in self.logical_edges()]])).hexdigest()[:16]
+
+    def layout(self) -> dict[str, Any]:
+        """What a rescale needs to know of the plan a checkpoint was taken with (pure data,
+        stored in its metadata): its shape and, per operator, its tasks in subtask order."""
+        tasks_of: dict[str, list[str]] = {}
+        for c in self.chains:
+            ids = [t.id for t in sorted((t for t in self.tasks if t.chain == c.name), key=lambda t: t.index)]
+            for op in c.operators:
+                tasks_of[op] = ids
+        return {"shape": self.shape(), "operators": tasks_of, "max_parallelism": self.max_parallelism}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,4 +175,5 @@ class Plan:
                 )
                 for t in d["tasks"]
             ),
+            max_parallelism=int(d.get("max_parallelism", 128)),
         )

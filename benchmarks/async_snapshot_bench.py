@@ -8,8 +8,9 @@
    large states) against inline encoding (what every snapshot did before), and the
    asynchronous part (the child's encoding, collected by the writer). Median of --repeat.
 2. The paper-like pipeline (benchmarks/workloads.py: 2M-key state in its first stage at the
-   full size): runtime with no checkpoints, and with ABS at 1 s and 0.1 s, snapshots forked
-   or inline; rounds interleaved, medians; overhead against no checkpoints.
+   full size): runtime with no checkpoints, and with ABS at 1 s and 0.1 s, snapshots
+   encoded inline, forked, or "auto" (the default: fork only with a core to spare); rounds
+   interleaved, medians; overhead against no checkpoints.
 Writes benchmarks/results/async_snapshots.{json,md} and plots/snapshot_sync_time.png.
 """
 
@@ -35,10 +36,10 @@ def sync_times(keys: int, repeat: int) -> dict[str, float]:
     out: dict[str, list[float]] = {"inline_ms": [], "fork_sync_ms": [], "fork_async_ms": []}
     for _ in range(repeat):
         t0 = time.perf_counter()
-        snapshot_encoding.start({"count": state}, fork_above=-1).result()
+        snapshot_encoding.start({"count": state}, mode="inline").result()
         out["inline_ms"].append((time.perf_counter() - t0) * 1000)
         t0 = time.perf_counter()
-        enc = snapshot_encoding.start({"count": state}, fork_above=0)
+        enc = snapshot_encoding.start({"count": state}, mode="fork")
         t1 = time.perf_counter()
         enc.result()
         out["fork_sync_ms"].append((t1 - t0) * 1000)
@@ -46,12 +47,12 @@ def sync_times(keys: int, repeat: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def pipeline_run(records: int, mode: str, interval: float, fork_above: int, tmp: str) -> float:
+def pipeline_run(records: int, mode: str, interval: float, encoding: str, tmp: str) -> float:
     out = os.path.join(tmp, "gaps.json")
     workloads.cleanup(out)
     flow = workloads.pipeline(records, out, 2)
     t0 = time.perf_counter()
-    flow.run(mode=mode, checkpoint_interval=interval, fork_snapshots_above=fork_above)
+    flow.run(mode=mode, checkpoint_interval=interval, snapshot_encoding=encoding)
     return time.perf_counter() - t0
 
 
@@ -70,11 +71,11 @@ def main() -> int:
         print(f"{k:>9,} keys: {micro[k]}", file=sys.stderr)
 
     tmp = tempfile.mkdtemp(prefix="abs-async-bench-")
-    variants = [("none", 1.0, -1), ("aligned", 1.0, -1), ("aligned", 1.0, 20_000),
-                ("aligned", 0.1, -1), ("aligned", 0.1, 20_000)]
+    variants = [("none", 1.0, "inline")] + [("aligned", iv, enc) for iv in (1.0, 0.1)
+                                            for enc in ("inline", "fork", "auto")]
 
-    def label(v: tuple[str, float, int]) -> str:
-        return "none" if v[0] == "none" else f"ABS {v[1]:g}s, {'inline' if v[2] < 0 else 'forked'}"
+    def label(v: tuple[str, float, str]) -> str:
+        return "none" if v[0] == "none" else f"ABS {v[1]:g}s, {v[2]}"
 
     times: dict[str, list[float]] = {label(v): [] for v in variants}
     for r in range(args.rounds):

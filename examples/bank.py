@@ -87,7 +87,7 @@ class Accounts(Operator):
         return out
 
     def finish(self) -> list[Any]:
-        mine = [a for a in range(self.accounts) if hash(a) % self.ctx.parallelism == self.ctx.subtask_index]
+        mine = [a for a in range(self.accounts) if self.ctx.owns(a)]
         return [("balance", a, self.balances.get(a, INITIAL)) for a in mine]
 
     def snapshot(self, checkpoint_id: int) -> Any:

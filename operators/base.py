@@ -40,6 +40,16 @@ class OperatorContext:
     #: The job runs with ``tls`` on: a source that opens connections of its own to the
     #: driver (SparkSource) encrypts them too.
     tls: bool = False
+    #: The job's key groups (abs_engine/keygroups.py).
+    max_parallelism: int = 128
+
+    def owns(self, key: Any) -> bool:
+        """Whether this subtask owns ``key`` (its key group is in this subtask's range): the
+        keys a keyed operator's subtask sees, and the ones it should report at the end."""
+        from abs_engine.keygroups import key_group, key_group_range
+
+        return key_group(key, self.max_parallelism) in key_group_range(self.max_parallelism, self.parallelism,
+                                                                       self.subtask_index)
 
     def guard(self) -> ContextManager[None]:
         """Hold this around every change a sink makes to its output (publish, truncate,

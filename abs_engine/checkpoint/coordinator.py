@@ -71,11 +71,13 @@ class CheckpointCoordinator:
         channels: frozenset[str] = frozenset(),
         wave_interval: float = 0.002,
         job_id: str = "",
+        layout: dict[str, Any] | None = None,
     ):
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.job = job
         self.job_id = job_id
+        self.layout = layout or {}  #: the plan's layout, recorded in every checkpoint's metadata
         self.fingerprint = fingerprint
         self.tasks = frozenset(tasks)
         self.source_tasks = list(source_tasks)
@@ -243,6 +245,7 @@ class CheckpointCoordinator:
             alignment_ms={t: s.alignment_ms for t, s in p.acks.items()},
             duration_ms=(now - p.started) * 1000,
             job_id=self.job_id,
+            layout=self.layout,
         )
         self.storage.write_metadata(meta)
         del self.pending[p.checkpoint_id]

@@ -304,6 +304,9 @@ class Metadata:
     duration_ms: float
     #: Identity of the job run that took it ("" when unknown, e.g. older files).
     job_id: str = field(default="", kw_only=True)
+    #: The plan's layout (Plan.layout(): its shape, each operator's tasks in subtask order):
+    #: what restoring at another parallelism needs; {} in older files (no rescaling from them).
+    layout: dict[str, Any] = field(default_factory=dict, kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -316,6 +319,7 @@ class Metadata:
             "tasks": {t: [e.file, e.size, e.sha256] for t, e in self.tasks.items()},
             "alignment_ms": self.alignment_ms,
             "duration_ms": self.duration_ms,
+            "layout": self.layout,
         }
 
     @staticmethod
@@ -360,6 +364,7 @@ class Metadata:
         job_id = d.get("job_id", "")
         if not isinstance(job_id, str):
             raise ValueError("field 'job_id' is not a string")
+        layout = _layout(d.get("layout", {}), tasks)
         return Metadata(
             checkpoint_id=cid,
             job=need("job", str),
@@ -370,7 +375,29 @@ class Metadata:
             alignment_ms=alignment,
             duration_ms=need("duration_ms", (int, float)),
             job_id=job_id,
+            layout=layout,
         )
+
+
+def _layout(raw: Any, tasks: dict[str, FileEntry]) -> dict[str, Any]:
+    """The layout field, checked: {"shape": str, "operators": {name: [task ids of ``tasks``]},
+    "max_parallelism": int}."""
+    if raw == {}:
+        return {}
+    if not isinstance(raw, dict) or not isinstance(raw.get("shape"), str) or not isinstance(raw.get("operators"), dict):
+        raise ValueError("field 'layout' is not {shape, operators}")
+    ops: dict[str, list[str]] = {}
+    for name, ids in raw["operators"].items():
+        if not isinstance(name, str) or not isinstance(ids, (list, tuple)) or not ids:
+            raise ValueError(f"layout of operator {name!r} is not a list of tasks")
+        for t in ids:
+            if t not in tasks:
+                raise ValueError(f"layout of operator {name!r} names task {t!r}, which has no state file")
+        ops[name] = list(ids)
+    max_p = raw.get("max_parallelism", 128)
+    if not isinstance(max_p, int) or isinstance(max_p, bool) or not 1 <= max_p <= 1 << 15:
+        raise ValueError(f"layout: max_parallelism {max_p!r} is not an int in 1..32768")
+    return {"shape": raw["shape"], "operators": ops, "max_parallelism": max_p}
 
 
 def encode_metadata(meta: Metadata) -> bytes:
@@ -701,13 +728,15 @@ class CheckpointStorage:
         return meta
 
     def latest_valid(self, fingerprint: str | None = None, job_id: str | None = None,
-                     unusable: dict[int, str] | None = None) -> tuple[Metadata | None, list[CheckpointError]]:
+                     unusable: dict[int, str] | None = None,
+                     shape: str | None = None) -> tuple[Metadata | None, list[CheckpointError]]:
         """The newest checkpoint that passes verification; the errors of those skipped.
 
         With ``job_id``, a checkpoint taken by another job (a different, non-empty job id)
         is skipped with FOREIGN_JOB. With ``fingerprint``, the newest valid checkpoint of
-        another plan shape raises PLAN_MISMATCH. ``unusable`` (id -> why) are skipped too:
-        checkpoints a worker already failed to restore."""
+        another plan shape raises PLAN_MISMATCH, unless ``shape`` is given and equals the
+        checkpoint's (the same dataflow at another parallelism: the caller rescales).
+        ``unusable`` (id -> why) are skipped too: checkpoints a worker already failed to restore."""
         skipped: list[CheckpointError] = []
         for cid in reversed(self.completed_ids()):
             if unusable and cid in unusable:
@@ -730,11 +759,13 @@ class CheckpointStorage:
                 ))
                 continue
             if fingerprint is not None and meta.fingerprint != fingerprint:
+                if shape is not None and meta.layout.get("shape") == shape:
+                    return meta, skipped  # the same dataflow at another parallelism
                 raise CheckpointError(
                     _R.PLAN_MISMATCH,
                     f"checkpoint {cid} in {self.shown} was taken by a job of another shape "
-                    "(operators, parallelism or edges changed): restore with the same dataflow, "
-                    "or use an empty checkpoint directory",
+                    "(operators or edges changed; a change of parallelism alone is rescaled): restore "
+                    "with the same dataflow, or use an empty checkpoint directory",
                     cid,
                 )
             return meta, skipped

@@ -41,6 +41,7 @@ from ..checkpoint import fence
 from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.lock import DirectoryLock
 from ..checkpoint.remote import RemoteStorage, control_dir, open_storage
+from ..checkpoint.rescale import restore_specs
 from ..checkpoint.storage import CheckpointStorage, Metadata
 from ..errors import AbsEngineError, CheckpointError, CheckpointErrorReason, JobFailed, ProtocolError, ProtocolErrorReason
 from ..graph import LogicalGraph
@@ -107,6 +108,9 @@ class JobMaster:
         self.config = config
         self.code = b""  # shipped after the driver hooks ran (they may set addresses)
         self.fingerprint = plan.fingerprint()
+        self.shape = plan.shape()  #: a checkpoint of this shape restores at any parallelism
+        self.layout = plan.layout()
+        self.max_parallelism = int(self.layout.get("max_parallelism", 128))
         self.result = JobResult(job=plan.job)
         self.source_tasks = [t.id for t in plan.tasks if plan.chain(t.chain).is_source]
         self.source_progress: dict[str, int] = {}
@@ -181,7 +185,7 @@ class JobMaster:
         attempt = 0
         try:
             while True:
-                meta, skipped = storage.latest_valid(self.fingerprint, job_id=self.job_id or None,
+                meta, skipped = storage.latest_valid(self.fingerprint, job_id=self.job_id or None, shape=self.shape,
                                                      unusable=self.unusable)
                 if not self.job_id:
                     self.job_id = (meta.job_id if meta is not None and meta.job_id else uuid.uuid4().hex[:16])
@@ -243,6 +247,10 @@ class JobMaster:
         material = Material.generate() if cfg.tls else None  # this attempt's too
         self.consecutive_expired = 0
         token = f"{self.job_id}/{self.run_nonce}/{gen}"
+        # What each task restores (same plan: its own file; another parallelism: rescaled).
+        restores = {} if meta is None else restore_specs(self.plan, meta, storage.root, self.max_parallelism)
+        if meta is not None and meta.fingerprint != self.fingerprint:
+            self._log(f"restoring checkpoint {meta.checkpoint_id} at the job's new parallelism (rescaling)")
         killed = fence.advance(self.control_dir, token)
         if killed:
             self._log(f"killed stale worker(s) {killed} that held the output fence (from a dead attempt)")
@@ -256,16 +264,12 @@ class JobMaster:
             workers.update({t: Worker(t, p) for t, p in procs.items()})
             peers = self._accept_hellos(listener, workers, gen, secret, material)
             for t in self.plan.tasks:
-                restore = None
-                if meta is not None:
-                    e = meta.tasks[t.id]
-                    restore = {"checkpoint_id": meta.checkpoint_id, "size": e.size, "sha256": e.sha256,
-                               "root": storage.root, "file": e.file}
+                restore = restores.get(t.id)
                 self._send(workers[t.id], messages.Deploy(
                     self.plan.to_dict(), self.code, peers, restore,
                     bool(meta is not None and meta.final), storage.root, token,
                     cfg.heartbeat_interval, cfg.task_timeout, cfg.startup_timeout,
-                    fence_dir=self.control_dir, fork_snapshots_above=cfg.fork_snapshots_above))
+                    fence_dir=self.control_dir, snapshot_encoding=cfg.snapshot_encoding))
             self._drive(workers, storage, meta, next_id)
         finally:
             self.launcher.stop({t: w.proc for t, w in workers.items()}, timeout=10.0)
@@ -405,6 +409,7 @@ class JobMaster:
             stop_the_world=cfg.mode == "stop-the-world",
             channels=frozenset(c.id for t in self.plan.tasks for c in t.inputs),
             job_id=self.job_id,
+            layout=self.layout,
         )
         sel = selectors.DefaultSelector()
         for w in workers.values():

@@ -1,12 +1,16 @@
-"""A task's out-edges: partition a batch over the edge's channels, one frame per channel."""
+"""A task's out-edges: partition a batch over the edge's channels, one frame per channel.
+
+A hash edge sends each record to the consumer subtask that owns its key's key group
+(keygroups.py), never by Python's hash(): the same placement in every process, machine and
+interpreter, and the one a rescale re-splits state by."""
 
 from __future__ import annotations
 
 import struct
 from typing import Any, Callable
 
-from .. import codec
-from ..errors import SerializationError
+from .. import codec, keygroups
+from ..errors import KeyTypeError, SerializationError
 from ..plan import OutputSpec
 from .channel import OutputChannel
 
@@ -29,17 +33,32 @@ class OperatorFailure(Exception):
         return self.record is not _NO_RECORD
 
 
+ROUTE_CACHE = 1 << 20  #: distinct keys whose channel an Output remembers
+
+
 class Output:
     """One out-edge: partitions a batch over its channels and sends one frame per channel."""
 
     def __init__(self, spec: OutputSpec, channels: list[OutputChannel], key_fn: Callable[[Any], Any] | None,
-                 producer: str):
+                 producer: str, max_parallelism: int = keygroups.DEFAULT_MAX_PARALLELISM):
         self.channels = channels
         self.partition = spec.partition
         self.key_fn = key_fn
         self.producer = producer
         self.consumer = spec.key_operator
         self.rr = 0
+        self.max_parallelism = max_parallelism
+        #: key group -> channel (the consumer subtask that owns the group)
+        self.owner = keygroups.owners(max_parallelism, len(channels)) if len(channels) > 1 else [0]
+        #: key -> channel: a key's group is a pure function of its value, so it is worked
+        #: out once per distinct key (bounded; cleared when full)
+        self.route: dict[Any, int] = {}
+
+    def _channel_of(self, key: Any) -> int:
+        if len(self.route) >= ROUTE_CACHE:
+            self.route.clear()
+        c = self.route[key] = self.owner[keygroups.key_group(key, self.max_parallelism)]
+        return c
 
     def _send(self, ch: OutputChannel, batch: list[Any]) -> None:
         """One frame, or several if the batch encodes above the frame bound (a reader
@@ -70,7 +89,13 @@ class Output:
         label = f"key_by({getattr(fn, '__name__', type(fn).__name__) if fn else 'record'}) of {self.consumer!r}"
         for r in batch:
             try:
-                hash(fn(r) if fn is not None else r)
+                key = fn(r) if fn is not None else r
+                hash(key)
+                keygroups.key_group(key, self.max_parallelism)
+            except KeyTypeError as kte:  # deterministic: retrying cannot help
+                failure = OperatorFailure(label, fatal=True, record=r)
+                failure.__cause__ = kte
+                return failure
             except TypeError as te:
                 if "unhashable" in str(te):  # deterministic: retrying cannot help
                     err = TypeError(f"the key {type(fn(r) if fn else r).__name__} is unhashable ({te}); "
@@ -98,13 +123,17 @@ class Output:
             parts: list[list[Any]] = [[] for _ in range(n)]
             appends = [p.append for p in parts]
             key_fn = self.key_fn
+            get, slow = self.route.get, self._channel_of
             try:
                 if key_fn is None:
                     for r in batch:
-                        appends[hash(r) % n](r)
+                        c = get(r)
+                        appends[slow(r) if c is None else c](r)
                 else:
                     for r in batch:
-                        appends[hash(key_fn(r)) % n](r)
+                        k = key_fn(r)
+                        c = get(k)
+                        appends[slow(k) if c is None else c](r)
             except Exception as e:
                 raise self._key_failure(batch, e)  # noqa: B904 - its cause is the key function's error
             for ch, part in zip(chans, parts):

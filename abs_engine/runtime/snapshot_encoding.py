@@ -5,7 +5,15 @@ every operator for its state (a reference, no copy), then forks; the child sees 
 memory exactly as it was at the fork (copy-on-write), encodes it with msgpack and sends
 the bytes to the parent on a pipe, while the parent forwards the barrier and goes on
 processing. The task thread's share is one fork (a page-table copy), not an encoding
-that grows with the state. Small states are encoded inline: a fork costs more than they do.
+that grows with the state.
+
+A fork is not free: the child's first pass copies every page whose reference counts it
+touches, and the parent copies every page it writes while the child lives, so encoding by
+fork costs about three times the CPU of encoding inline (benchmarks/results/
+async_snapshots.md). It buys latency with a spare core. Modes: ``inline`` (never fork),
+``fork`` (always), ``auto`` (the default): fork when the states hold at least
+AUTO_MIN_ENTRIES entries *and* the machine has a core to spare (load average at least one
+below the core count); otherwise encode inline.
 
 Invariants:
 - The encoded result is the msgpack map {operator name: packed state}, byte for byte what
@@ -32,6 +40,8 @@ import msgpack
 from ..errors import SerializationError
 from .output import OperatorFailure
 
+MODES = ("auto", "fork", "inline")
+AUTO_MIN_ENTRIES = 100_000  #: below this, inline encoding takes under about 10 ms
 _PR_SET_PDEATHSIG = 1
 _OK, _ERR = b"O", b"E"
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError)
@@ -126,12 +136,21 @@ def _entries(state: Any) -> int:
         return 1
 
 
-def start(states: dict[str, Any], fork_above: int) -> Encoding:
-    """Begin encoding ``states`` (operator -> state as returned by ``snapshot``): in a
-    forked child when they hold at least ``fork_above`` entries in all (``fork_above < 0``:
-    never fork), else inline. Raises OperatorFailure(fatal) at once for an inline state
-    msgpack cannot encode; a forked one fails in ``result()``."""
-    if fork_above < 0 or sum(_entries(s) for s in states.values()) < fork_above:
+def _spare_core() -> bool:
+    try:
+        return os.getloadavg()[0] + 1 <= (os.cpu_count() or 1)
+    except OSError:
+        return False
+
+
+def start(states: dict[str, Any], mode: str = "auto") -> Encoding:
+    """Begin encoding ``states`` (operator -> state as returned by ``snapshot``), in a
+    forked child or inline as ``mode`` says (see the module docstring). Raises
+    OperatorFailure(fatal) at once for an inline state msgpack cannot encode; a forked one
+    fails in ``result()``."""
+    fork = mode == "fork" or (mode == "auto" and sum(_entries(s) for s in states.values()) >= AUTO_MIN_ENTRIES
+                              and _spare_core())
+    if not fork:
         return Inline(_pack_all(states))
     r, w = os.pipe()
     parent = os.getpid()

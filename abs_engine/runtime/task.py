@@ -79,7 +79,7 @@ class Task:
         restored_finished: bool = False,
         activity: Activity | None = None,
         file_tag: str = "",
-        fork_above: int = -1,
+        snapshot_encoding_mode: str = "inline",
     ):
         self.spec = spec
         self.op_names = op_names
@@ -91,8 +91,8 @@ class Task:
         self.control = control
         self.writer = writer
         self.checkpoint_dir = checkpoint_dir
-        #: States of at least this many entries are encoded by a forked child (-1: never).
-        self.fork_above = fork_above
+        #: How snapshots are encoded: "auto", "fork" or "inline" (runtime/snapshot_encoding.py).
+        self.encoding_mode = snapshot_encoding_mode
         self.replay = replay or []
         #: Restored from a snapshot taken after the task had finished: its final output is
         #: already in that checkpoint, so finish() must not run again; only end of stream does.
@@ -226,7 +226,7 @@ class Task:
             finally:
                 self.activity.leave()
         # The consistent copy: encoded here if small, else by a forked child (copy-on-write).
-        encoding = snapshot_encoding.start(states, self.fork_above)
+        encoding = snapshot_encoding.start(states, self.encoding_mode)
         del states
         sync_ms = (time.perf_counter() - began) * 1000
         if forward and not self.finished:

@@ -34,24 +34,16 @@ from typing import Any
 from .. import codec, codeship, messages
 from ..tls import Material
 from ..checkpoint.fence import Fence
-from ..checkpoint.remote import load_task_state
-from ..checkpoint.storage import TaskSnapshotData
-from ..errors import CheckpointError, FencedOut, ProtocolError
+from ..errors import CheckpointError, FencedOut, ProtocolError, RescaleError
 from ..plan import Plan
 from .channel import ChannelClosed, OutputChannel, accept_inputs
 from .control import ControlLink, DriverGone
 from .output import OperatorFailure, Output
 from .task import LoopNotQuiet, Task, record_repr
 from .watchdog import Activity, Watchdog
+from . import restore
 from .writer import SnapshotWriter
 
-
-
-def _load_state(restore: dict[str, Any]) -> TaskSnapshotData:
-    """The task's snapshot: a plain file name inside its checkpoint, no symlink followed,
-    read up to the size in the metadata, checksummed, then decoded (storage.py, remote.py)."""
-    return load_task_state(restore["root"], int(restore["checkpoint_id"]), restore["file"],
-                              int(restore["size"]), restore["sha256"])
 
 
 def _run(control: ControlLink, listener: socket.socket, task_id: str, generation: int, secret: bytes,
@@ -74,6 +66,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
 
     def ctx(name: str) -> Any:
         return OperatorContext(name, spec.index, spec.parallelism, generation, restored, fence,
+                               max_parallelism=plan.max_parallelism,
                                tls=material is not None)
 
     names = list(chain.operators)
@@ -95,7 +88,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
         replay: list[Any] = []
         restored_finished = False
         if deploy.restore is not None:
-            snap = _load_state(deploy.restore)
+            snap = restore.load(deploy.restore, plan, spec, dict(head + list(zip(names, ops))), key_fns)
             states, restored_finished = snap.states, snap.finished
             for records in snap.logs.values():
                 replay += records
@@ -112,6 +105,8 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
                 return
     except (CheckpointError, FencedOut):
         raise
+    except RescaleError as e:
+        raise OperatorFailure(e.operator or current, fatal=True) from e
     except Exception as e:
         raise OperatorFailure(current) from e
 
@@ -126,7 +121,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
                 for cid in o.channels:
                     consumer = cid.split("->", 1)[1]
                     chans.append(OutputChannel(cid, deploy.peers[consumer], secret, deploy.connect_timeout, material))
-                outputs.append(Output(o, chans, key_fns.get(o.key_operator), tail))
+                outputs.append(Output(o, chans, key_fns.get(o.key_operator), tail, plan.max_parallelism))
         except BaseException as e:  # noqa: BLE001 - re-raised on the task thread below
             connect_error.append(e)
 
@@ -151,7 +146,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
 
     writer = SnapshotWriter(control, task_id, deploy.checkpoint_dir, writer_failed)
     task = Task(spec, names, ops, source, source_name, outputs, inputs, control, writer, deploy.checkpoint_dir,
-                replay, restored_finished, activity, _file_tag(deploy.fence, generation), deploy.fork_snapshots_above)
+                replay, restored_finished, activity, _file_tag(deploy.fence, generation), deploy.snapshot_encoding)
     control.send(messages.Running(task_id))
     task.run()
     writer.flush()

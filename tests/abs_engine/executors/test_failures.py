@@ -61,7 +61,7 @@ def test_state_msgpack_cannot_encode_fails_at_once_naming_the_operator(tmp_path,
         CapturingSink(tmp_path / "c")
     )
     with pytest.raises(JobFailed) as ei:
-        flow.run(restart_attempts=5, restart_delay=0, fork_snapshots_above=0 if fork else -1)
+        flow.run(restart_attempts=5, restart_delay=0, snapshot_encoding="fork" if fork else "inline")
     assert ei.value.operator == "opaque"
     assert "cannot be serialised with msgpack" in str(ei.value)
     assert "cannot be retried" in str(ei.value)  # deterministic: no pointless restarts
@@ -94,11 +94,12 @@ def test_resume_into_a_different_plan_is_refused(tmp_path):
     flow = Dataflow("a", parallelism=1)
     flow.source(TestingSource(range(100))).sink(CapturingSink(tmp_path / "c"))
     flow.run(checkpoint_dir=str(ck))
-    other = Dataflow("a", parallelism=2)
-    other.source(TestingSource(range(100))).sink(CapturingSink(tmp_path / "d"))
+    other = Dataflow("a", parallelism=1)
+    other.source(TestingSource(range(100))).map(str, name="added").sink(CapturingSink(tmp_path / "d"))
     with pytest.raises(CheckpointError) as ei:
         other.run(checkpoint_dir=str(ck), resume=True)
     assert ei.value.reason is CheckpointErrorReason.PLAN_MISMATCH
+    assert "a change of parallelism alone is rescaled" in str(ei.value)
 
 
 def test_bad_config_values_are_rejected():

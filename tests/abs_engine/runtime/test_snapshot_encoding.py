@@ -32,23 +32,27 @@ def _wait_until(cond, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped
 
 def test_forked_and_inline_encodings_are_identical():
     states = {"count": {f"w{i}": i for i in range(1000)}, "src": {"offset": 42}}
-    inline = snapshot_encoding.start(states, fork_above=-1)
-    forked = snapshot_encoding.start(states, fork_above=0)
+    inline = snapshot_encoding.start(states, mode="inline")
+    forked = snapshot_encoding.start(states, mode="fork")
     assert isinstance(inline, snapshot_encoding.Inline) and isinstance(forked, snapshot_encoding.Forked)
     assert forked.result() == inline.result()
 
 
-def test_small_states_stay_inline_and_large_ones_fork():
-    assert isinstance(snapshot_encoding.start({"a": {1: 2}}, fork_above=10), snapshot_encoding.Inline)
-    big = snapshot_encoding.start({"a": dict.fromkeys(range(10), 0)}, fork_above=10)
+def test_auto_forks_only_large_states_and_only_with_a_core_to_spare(monkeypatch):
+    big_state = {"a": dict.fromkeys(range(snapshot_encoding.AUTO_MIN_ENTRIES), 0)}
+    monkeypatch.setattr(snapshot_encoding, "_spare_core", lambda: True)
+    assert isinstance(snapshot_encoding.start({"a": {1: 2}}, "auto"), snapshot_encoding.Inline)
+    big = snapshot_encoding.start(big_state, "auto")
     assert isinstance(big, snapshot_encoding.Forked)
     big.result()
+    monkeypatch.setattr(snapshot_encoding, "_spare_core", lambda: False)  # a saturated machine
+    assert isinstance(snapshot_encoding.start(big_state, "auto"), snapshot_encoding.Inline)
 
 
 def test_the_child_encodes_the_state_at_the_fork_whatever_the_parent_does_next():
     state = {i: i for i in range(BIG)}
-    expected = snapshot_encoding.start({"op": dict(state)}, fork_above=-1).result()
-    enc = snapshot_encoding.start({"op": state}, fork_above=0)
+    expected = snapshot_encoding.start({"op": dict(state)}, mode="inline").result()
+    enc = snapshot_encoding.start({"op": state}, mode="fork")
     for i in range(BIG):  # the task goes on processing while the child encodes
         state[i] = -i
     state["new"] = 1
@@ -57,7 +61,7 @@ def test_the_child_encodes_the_state_at_the_fork_whatever_the_parent_does_next()
 
 def test_the_child_holds_no_descriptor_of_the_worker():
     r, w = os.pipe()  # stands for a channel or the control link
-    enc = snapshot_encoding.start({"op": {i: i for i in range(BIG)}}, fork_above=0)
+    enc = snapshot_encoding.start({"op": {i: i for i in range(BIG)}}, mode="fork")
     assert isinstance(enc, snapshot_encoding.Forked)
     try:
         fds = f"/proc/{enc.pid}/fd"
@@ -71,18 +75,18 @@ def test_the_child_holds_no_descriptor_of_the_worker():
 
 
 def test_a_state_msgpack_cannot_encode_fails_naming_the_operator():
-    enc = snapshot_encoding.start({"good": {1: 1}, "opaque": {"x": object()}}, fork_above=0)
+    enc = snapshot_encoding.start({"good": {1: 1}, "opaque": {"x": object()}}, mode="fork")
     with pytest.raises(OperatorFailure) as info:
         enc.result()
     assert info.value.operator == "opaque" and info.value.fatal
     assert isinstance(info.value.__cause__, SerializationError)
     with pytest.raises(OperatorFailure):
-        snapshot_encoding.start({"opaque": {"x": object()}}, fork_above=-1)
+        snapshot_encoding.start({"opaque": {"x": object()}}, mode="inline")
 
 
 def test_the_child_dies_with_its_parent():
     code = (f"import os, signal; from abs_engine.runtime import snapshot_encoding as s\n"
-            f"e = s.start({{'op': {{i: i for i in range({BIG})}}}}, fork_above=0)\n"
+            f"e = s.start({{'op': {{i: i for i in range({BIG})}}}}, mode='fork')\n"
             "print(e.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
@@ -108,7 +112,7 @@ def test_wordcount_whose_every_snapshot_forks_is_exact_under_sigkills(medium_cor
     out = str(tmp_path / "out.tsv")
     chaos = KillOnCheckpoints([1, 2, 3], seed=21)
     res = wordcount(medium_corpus, out, 2).run(checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"),
-                                               chaos=chaos, restart_delay=0, fork_snapshots_above=0)
+                                               chaos=chaos, restart_delay=0, snapshot_encoding="fork")
     assert as_counts(output_lines(out)) == batch_word_count(medium_corpus)
     assert_each_kill_restored(res, chaos, min_kills=1)
     assert all(c.max_sync_ms > 0 and c.max_async_ms > 0 for c in res.checkpoints)

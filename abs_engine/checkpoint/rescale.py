@@ -1,0 +1,88 @@
+"""What each task of a job restores from a checkpoint, at the same or another parallelism.
+
+Pure data in, pure data out (the driver plans, the workers act; worker.py applies it).
+A checkpoint of the same plan restores one state file per task, as always. A checkpoint
+of the same dataflow at another parallelism (the same ``Plan.shape()``, recorded in its
+metadata's layout) is *rescaled*. Invariants of a rescale:
+- Every operator's state is rebuilt per operator, never per task: chaining may differ
+  between the two plans, the operator names do not. An operator whose parallelism is
+  unchanged restores its own subtask's state; one whose parallelism changed gets, in every
+  new subtask, the states of all its old subtasks, which ``rescale_state`` splits (keyed
+  state by key group, source splits dealt out).
+- Records logged on back-edges (in flight round a loop at the cut) are replayed by the
+  new subtasks of the operator they were logged for; when its parallelism changed they are
+  pooled and each goes to the subtask that now owns its key group (hash back-edges) or, on
+  other back-edges, to subtask ``position % parallelism``.
+- Nothing is rescaled from a checkpoint of another key-group count, with state of an
+  operator the job no longer has, or from a job's final checkpoint: RescaleError, naming
+  the operator and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RescaleError, RescaleErrorReason
+from ..plan import Plan
+from .storage import Metadata
+
+_R = RescaleErrorReason
+
+
+def restore_specs(plan: Plan, meta: Metadata, root: str, max_parallelism: int) -> dict[str, dict[str, Any]]:
+    """task id -> the ``restore`` a worker gets in its Deploy."""
+    if meta.fingerprint == plan.fingerprint():
+        return {t.id: {"checkpoint_id": meta.checkpoint_id, "root": root, "file": meta.tasks[t.id].file,
+                       "size": meta.tasks[t.id].size, "sha256": meta.tasks[t.id].sha256} for t in plan.tasks}
+    old_ops: dict[str, list[str]] = meta.layout["operators"]
+    _check(plan, meta, old_ops, max_parallelism)
+    specs: dict[str, dict[str, Any]] = {}
+    for task in plan.tasks:
+        chain = plan.chain(task.chain)
+        operators: dict[str, list[str]] = {}
+        changed: list[str] = []
+        for op in chain.operators:
+            olds = old_ops[op]
+            if len(olds) == task.parallelism:
+                operators[op] = [olds[task.index]]
+            else:
+                operators[op] = list(olds)
+                changed.append(op)
+        head_olds = old_ops[chain.operators[0]]
+        logs_from = [head_olds[task.index]] if len(head_olds) == task.parallelism else list(head_olds)
+        needed = sorted({t for ids in operators.values() for t in ids} | set(logs_from))
+        specs[task.id] = {
+            "checkpoint_id": meta.checkpoint_id, "root": root,
+            "rescale": {
+                "files": {t: [meta.tasks[t].file, meta.tasks[t].size, meta.tasks[t].sha256] for t in needed},
+                "operators": operators,
+                "changed": changed,
+                "logs_from": logs_from,
+                "route_logs": len(head_olds) != task.parallelism,
+                "max_parallelism": max_parallelism,
+            },
+        }
+    return specs
+
+
+def _check(plan: Plan, meta: Metadata, old_ops: dict[str, list[str]], max_parallelism: int) -> None:
+    names = {o.name for o in plan.operators}
+    for op in old_ops:
+        if op not in names:
+            raise RescaleError(_R.REMOVED_OPERATOR,
+                               f"checkpoint {meta.checkpoint_id} holds state of operator {op!r}, which this dataflow "
+                               "does not have: restore it with the dataflow that took it", op)
+    old_max = meta.layout.get("max_parallelism", max_parallelism)
+    if old_max != max_parallelism:
+        raise RescaleError(_R.MAX_PARALLELISM,
+                           f"checkpoint {meta.checkpoint_id} spreads its keys over {old_max} key groups and this job "
+                           f"over {max_parallelism}: keep max_parallelism={old_max} for the life of the job")
+    if meta.final:
+        raise RescaleError(_R.FINISHED,
+                           f"checkpoint {meta.checkpoint_id} is the final checkpoint of a job that finished: there is "
+                           "nothing left to run at another parallelism; resume at the parallelism it ran with")
+    for o in plan.operators:
+        if o.parallelism > max_parallelism:
+            raise RescaleError(_R.MAX_PARALLELISM,
+                               f"operator {o.name!r} would run {o.parallelism} subtasks but the job has only "
+                               f"{max_parallelism} key groups (max_parallelism): lower its parallelism", o.name)

@@ -1,0 +1,78 @@
+"""Planning a restore at another parallelism (checkpoint/rescale.py): which old state files
+each new task reads and which of its operators are re-split; what is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from abs_engine import Dataflow
+from abs_engine.checkpoint.rescale import restore_specs
+from abs_engine.checkpoint.storage import FileEntry, Metadata
+from abs_engine.errors import RescaleError, RescaleErrorReason
+from abs_engine.testing import TestingSource
+from operators import FileSink
+
+
+def plan(parallelism: int, extra_map: bool = False):  # type: ignore[no-untyped-def]
+    flow = Dataflow("wc", parallelism=parallelism)
+    s = flow.source(TestingSource(["a b"]), name="src").flat_map(str.split, name="split")
+    if extra_map:
+        s = s.map(str.upper, name="upper")
+    s.key_by().count_final(name="count").sink(FileSink("/nonexistent/out"), name="sink", parallelism=1)
+    return flow.compile()
+
+
+def meta_of(p, cid: int = 7, final: bool = False) -> Metadata:  # type: ignore[no-untyped-def]
+    tasks = {t.id: FileEntry(f"{t.id}.x.state", 10, "0" * 64) for t in p.tasks}
+    return Metadata(checkpoint_id=cid, job="wc", fingerprint=p.fingerprint(), created=0.0, final=final,
+                    tasks=tasks, alignment_ms={}, duration_ms=1.0, layout=p.layout())
+
+
+def test_the_shape_ignores_parallelism_and_chaining_but_not_operators():
+    assert plan(1).shape() == plan(2).shape() == plan(4).shape()
+    assert plan(1).fingerprint() != plan(2).fingerprint()
+    assert plan(2, extra_map=True).shape() != plan(2).shape()
+
+
+def test_the_same_plan_restores_one_file_per_task():
+    p = plan(2)
+    specs = restore_specs(p, meta_of(p), "/ck", 128)
+    assert set(specs) == {t.id for t in p.tasks}
+    assert all("rescale" not in s and s["file"] == f"{t}.x.state" for t, s in specs.items())
+
+
+@pytest.mark.parametrize("before,after", [(2, 3), (4, 1), (1, 4)])
+def test_a_rescale_gives_each_new_subtask_every_old_subtask_of_a_changed_operator(before, after):
+    old, new = plan(before), plan(after)
+    specs = restore_specs(new, meta_of(old), "/ck", 128)
+    old_counts = old.layout()["operators"]["count"]
+    for t in new.tasks:
+        r = specs[t.id]["rescale"]
+        if "count" in r["operators"]:
+            assert r["operators"]["count"] == old_counts and "count" in r["changed"]
+            assert r["route_logs"] and r["logs_from"] == old_counts
+        if "sink" in r["operators"]:  # parallelism 1 before and after: its own state, untouched
+            assert r["operators"]["sink"] == old.layout()["operators"]["sink"] and "sink" not in r["changed"]
+        assert set(r["files"]) == {x for ids in r["operators"].values() for x in ids} | set(r["logs_from"])
+
+
+def test_rescaling_from_a_final_checkpoint_is_refused():
+    with pytest.raises(RescaleError) as info:
+        restore_specs(plan(3), meta_of(plan(2), final=True), "/ck", 128)
+    assert info.value.reason is RescaleErrorReason.FINISHED
+
+
+def test_state_of_an_operator_the_job_lacks_is_refused_naming_it():
+    old = plan(2, extra_map=True)
+    with pytest.raises(RescaleError) as info:
+        restore_specs(plan(3), meta_of(old), "/ck", 128)
+    assert info.value.reason is RescaleErrorReason.REMOVED_OPERATOR and info.value.operator == "upper"
+
+
+def test_another_key_group_count_is_refused():
+    old = plan(2)
+    meta = meta_of(old)
+    meta.layout["max_parallelism"] = 64
+    with pytest.raises(RescaleError) as info:
+        restore_specs(plan(3), meta, "/ck", 128)
+    assert info.value.reason is RescaleErrorReason.MAX_PARALLELISM

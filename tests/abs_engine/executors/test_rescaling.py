@@ -1,0 +1,60 @@
+"""Rescaling on restore, exactly once: a job stopped at one parallelism resumes at another
+(2 -> 3, 4 -> 1, 1 -> 4) under SIGKILLs, and its output equals the batch oracle; keyed
+state is re-split by key group, the file source's unread byte ranges dealt out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from abs_engine import Dataflow
+from abs_engine.errors import JobFailed
+from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
+from tests.abs_engine.executors.test_recovery import as_counts, output_lines, wordcount
+from tests.chaos_checks import assert_each_kill_restored
+from tests.conftest import batch_word_count
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+@pytest.mark.parametrize("before,after", [(2, 3), (4, 1), (1, 4)])
+def test_wordcount_resumed_at_another_parallelism_under_sigkills_is_exact(medium_corpus, tmp_path, before, after):
+    ck, out = str(tmp_path / "ck"), str(tmp_path / "out.tsv")
+    first = wordcount(medium_corpus, out, before).run(
+        checkpoint_interval=0.05, checkpoint_dir=ck, stop_when=lambda r: len(r.checkpoints) >= 1)
+    assert first.cancelled  # stopped mid-job: its newest checkpoint holds partial counts and offsets
+    last = max(c.checkpoint_id for c in first.checkpoints)
+    chaos = KillOnCheckpoints([1, 2], seed=before * 10 + after)
+    res = wordcount(medium_corpus, out, after).run(checkpoint_interval=0.05, checkpoint_dir=ck, resume=True,
+                                                   chaos=chaos, restart_delay=0)
+    assert res.restored_from[0] == last
+    assert as_counts(output_lines(out)) == batch_word_count(medium_corpus)
+    # The run began with a restore (from `last`); every kill after it restored once more.
+    assert_each_kill_restored(replace(res, restored_from=res.restored_from[1:]), chaos, min_kills=1)
+
+
+class Remember(TestingSource):
+    """A source whose state has no rescaling rule (the default refuses)."""
+
+    def rescale_state(self, old, index, parallelism, owns):  # type: ignore[no-untyped-def]
+        from operators.base import Source
+
+        return Source.rescale_state(self, old, index, parallelism, owns)
+
+
+def test_an_operator_whose_state_cannot_be_split_is_refused_naming_it(tmp_path):
+    ck = str(tmp_path / "ck")
+
+    def flow(p: int) -> Dataflow:
+        f = Dataflow("refuse", parallelism=p)
+        f.source(Remember(range(100_000), batch_size=10), name="remember").sink(
+            CapturingSink(tmp_path / f"c{p}"), parallelism=1)
+        return f
+
+    assert flow(1).run(checkpoint_interval=0.01, checkpoint_dir=ck,
+                       stop_when=lambda r: len(r.checkpoints) >= 2).cancelled
+    with pytest.raises(JobFailed) as info:
+        flow(2).run(checkpoint_dir=ck, resume=True, restart_attempts=3)
+    assert info.value.operator == "remember" and "cannot redistribute" in str(info.value)
+    assert "cannot be retried" in str(info.value)  # refused at once, not after every restart
