@@ -21,6 +21,7 @@ from typing import Any
 from abs_engine import Dataflow
 from abs_engine.checkpoint.storage import CheckpointStorage
 from operators import FileSink, Operator, OperatorContext, Source
+from operators.generators import Progressions
 
 try:
     from ._common import add_job_flags, read_int_pairs, run_job, verdict
@@ -41,28 +42,31 @@ def transfers(accounts: int, count: int, seed: int) -> list[tuple[int, int, int]
 
 
 class TransferSource(Source):
-    """Replayable: transfer j goes to source subtask j % p; the offset is a list index."""
+    """Replayable: transfer j goes to source subtask j % p; the offset is what the subtask
+    has left of them (arithmetic progressions of indices, which also lets it rescale)."""
 
     def __init__(self, accounts: int, count: int, seed: int, batch_size: int = 500):
         self.accounts, self.count, self.seed, self.batch_size = accounts, count, seed, batch_size
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
-        self.mine = transfers(self.accounts, self.count, self.seed)[ctx.subtask_index :: ctx.parallelism]
-        self.pos = 0
+        self.all = transfers(self.accounts, self.count, self.seed)
+        self.todo = Progressions.of_subtask(self.count, ctx.subtask_index, ctx.parallelism)
 
     def read_batch(self) -> list[Any] | None:
-        if self.pos >= len(self.mine):
+        r = self.todo.take(self.batch_size)
+        if r is None:
             return None
-        batch = [("debit", a, b, amt) for a, b, amt in self.mine[self.pos : self.pos + self.batch_size]]
-        self.pos += len(batch)
-        return batch
+        return [("debit", *self.all[j]) for j in r]
 
     def snapshot(self, checkpoint_id: int) -> Any:
-        return self.pos
+        return self.todo.state()
 
     def restore(self, state: Any) -> None:
-        self.pos = int(state)
+        self.todo = Progressions.from_state(self.count, state, self.ctx.parallelism, self.ctx.subtask_index)
+
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Any) -> Any:
+        return Progressions.rescale(self.count, old, len(old), index, parallelism)
 
 
 class Accounts(Operator):
@@ -95,6 +99,10 @@ class Accounts(Operator):
 
     def restore(self, state: Any) -> None:
         self.balances = dict(state)
+
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Any) -> Any:
+        """At another parallelism: the balances of the accounts this subtask now owns."""
+        return {a: b for state in old if state for a, b in state.items() if owns(a)}
 
 
 def is_credit(r: Any) -> bool:

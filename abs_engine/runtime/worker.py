@@ -208,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"abs-engine worker {task_id}: cannot reach the driver: {e}", file=sys.stderr)
         return 1
     if os.environ.get("PYTHONHASHSEED") in (None, "", "random"):
-        _report(control, task_id, "<worker>", "PYTHONHASHSEED is not fixed: hash partitioning would differ "
-                "between workers. Start workers through an abs-engine executor (it sets it).", True)
+        _report(control, task_id, "<worker>", "PYTHONHASHSEED is not fixed: user code that iterates sets or dicts "
+                "of strings would behave differently in each worker and restart (keys are placed by key group, "
+                "not by hash()). Start workers through an abs-engine executor (it sets it).", True)
         return 1
     os.environ["ABS_ENGINE_ATTEMPT"] = generation  # read by abs_engine.testing.fail_at
     listener = socket.create_server((bind_host, 0), backlog=256)

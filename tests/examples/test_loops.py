@@ -171,3 +171,24 @@ def test_bank_loop_on_the_spark_executor_under_sigkill_is_exact_and_conserved(tm
     storage = CheckpointStorage(ck)
     for cid in storage.completed_ids():
         assert bank.conserved_total(storage, cid, accounts) == bank.INITIAL * accounts, cid
+
+
+@pytest.mark.parametrize("before,after", [(2, 3), (4, 1), (1, 4)])
+def test_bank_resumed_at_another_parallelism_under_sigkill_is_exact_and_conserved(tmp_path, before, after):
+    """The cycle rescaled: balances re-split by key group, credits in flight on the
+    back-edge re-routed to the subtask that now owns their account."""
+    accounts, transfers, seed = 50, 150_000, before * 10 + after
+    ck, out = str(tmp_path / "ck"), str(tmp_path / "out.tsv")
+    first = bank.build_flow(accounts, transfers, seed, out, before).run(
+        checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000,
+        stop_when=lambda r: len(r.checkpoints) >= 2)
+    assert first.cancelled
+    chaos = KillOnCheckpoints([1, 2], seed=seed)
+    res = bank.build_flow(accounts, transfers, seed, out, after).run(
+        checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000, resume=True, chaos=chaos,
+        restart_delay=0)
+    assert res.restored_from[0] == max(c.checkpoint_id for c in first.checkpoints)
+    assert bank.read_output(out) == bank.oracle(accounts, transfers, seed)
+    storage = CheckpointStorage(ck)
+    for cid in storage.completed_ids():  # before and after the rescale
+        assert bank.conserved_total(storage, cid, accounts) == bank.INITIAL * accounts, cid
