@@ -21,11 +21,13 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
                                            "(default: the embedded local session)")
     ap.add_argument("--tls", action="store_true",
                     help="encrypt every connection between engine processes (mutual TLS, a per-job certificate)")
+    ap.add_argument("--restore-from", help="a savepoint to start from (at any parallelism); Ctrl-C or SIGTERM "
+                                           "takes one and stops the job")
 
 
 def executor_options(args: argparse.Namespace) -> dict[str, Any]:
     """flow.run() options for --executor / --spark-master / --tls."""
-    opts: dict[str, Any] = {"executor": args.executor, "tls": args.tls}
+    opts: dict[str, Any] = {"executor": args.executor, "tls": args.tls, "restore_from": args.restore_from}
     if args.spark_master:
         import atexit
 
@@ -40,11 +42,16 @@ def run_job(name: str, flow: Dataflow, args: argparse.Namespace, **extra: Any) -
     """Run with the job flags and a progress line; None (after saying why) if it failed."""
     print(flow.explain(), file=sys.stderr)
     try:
-        return flow.run(mode=args.mode, checkpoint_interval=args.checkpoint_interval,
-                        checkpoint_dir=args.checkpoint_dir, progress=True, **executor_options(args), **extra)
+        res = flow.run(mode=args.mode, checkpoint_interval=args.checkpoint_interval,
+                       checkpoint_dir=args.checkpoint_dir, progress=True, **executor_options(args), **extra)
     except (AbsEngineError, ValueError) as e:
         print(f"{name}: FAILED: {e}", file=sys.stderr)
         return None
+    if res.stopped_with_savepoint:
+        print(f"{name}: stopped with savepoint {res.savepoint} (its sinks committed); continue with "
+              f"--restore-from {res.savepoint} and an empty --checkpoint-dir, at any --parallelism")
+        sys.exit(0)
+    return res
 
 
 def verdict(name: str, exact: bool, what: str = "a plain batch computation") -> int:

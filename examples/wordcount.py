@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wordcount: FAILED: {e}", file=sys.stderr)
         return 1
     elapsed = time.perf_counter() - t0
+    if result.stopped_with_savepoint:
+        print(f"\nwordcount: stopped with savepoint {result.savepoint} (its sinks committed); continue with "
+              f"--restore-from {result.savepoint} and an empty --checkpoint-dir, at any --parallelism")
+        return 0
     out = read_output(args.output)
     total = sum(out.values())
     print(f"\nwordcount: {total:,} words, {len(out):,} distinct, in {elapsed:.2f}s "

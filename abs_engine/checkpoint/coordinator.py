@@ -107,6 +107,19 @@ class CheckpointCoordinator:
         self.final_completed: Metadata | None = None
         self.stats = CoordinatorStats()
         self.next_trigger_at: float | None = None
+        #: A savepoint was asked for: the next checkpoint triggered is it (savepoint_id).
+        self.savepoint_requested = False
+        self.savepoint_id: int | None = None
+        #: Stopping with a savepoint: no checkpoint is triggered after it.
+        self.stopping = False
+
+    def request_savepoint(self, stop: bool) -> None:
+        """Take a checkpoint now (whatever the interval) and mark it as the savepoint; with
+        ``stop``, none after it. A request while one is open joins it."""
+        if self.savepoint_id is None:
+            self.savepoint_requested = True
+            self.next_trigger_at = self.clock()
+        self.stopping = self.stopping or stop
 
     def start(self) -> None:
         if self.interval is not None:
@@ -146,13 +159,16 @@ class CheckpointCoordinator:
                 self.stats.aborted.append(cid)
                 self.stats.trim(self.stats.aborted)
                 self.expired.append((cid, tuple(sorted(p.missing))))
+                if cid == self.savepoint_id:  # the savepoint failed: take the next one instead
+                    self.savepoint_id, self.savepoint_requested, self.next_trigger_at = None, True, now
                 if cid == self.stw_checkpoint:
                     out += self._end_stop_the_world(cid)  # never leave the sources paused
         if self.next_wave_at is not None and now >= self.next_wave_at:
             self.next_wave_at = None
             wave = self.quiescence.next_wave()
             out += [(t, messages.CountRequest(wave)) for t in sorted(self.tasks)]
-        if self.final_completed is not None or len(self.pending) >= self.max_in_flight:
+        if (self.final_completed is not None or len(self.pending) >= self.max_in_flight
+                or (self.stopping and self.savepoint_id is not None)):
             return out
         if self.all_finished:
             if not any(p.final for p in self.pending.values()):
@@ -169,6 +185,10 @@ class CheckpointCoordinator:
     def _trigger(self, now: float, final: bool) -> list[tuple[str, messages.Message]]:
         cid = self.next_id
         self.next_id += 1
+        if self.savepoint_requested:
+            self.savepoint_requested, self.savepoint_id = False, cid
+            if self.interval is None:
+                self.next_trigger_at = None  # no periodic checkpoints: this one was asked for
         p = PendingCheckpoint(cid, now, self.tasks, final=final)
         self.pending[cid] = p
         if self.stop_the_world and not final:
@@ -270,8 +290,10 @@ class CheckpointCoordinator:
         return [(t, messages.EndLoop(self.drained[lid])) for lid in loops for t in sorted(self.loops[lid][0])]
 
     def notifications(self, meta: Metadata) -> list[tuple[str, messages.Message]]:
+        # Stopping with this savepoint: every task commits it and ends, as after a final one.
+        last = meta.final or (self.stopping and meta.checkpoint_id == self.savepoint_id)
         out: list[tuple[str, messages.Message]] = [
-            (t, messages.NotifyComplete(meta.checkpoint_id, meta.final)) for t in sorted(self.tasks)]
+            (t, messages.NotifyComplete(meta.checkpoint_id, last)) for t in sorted(self.tasks)]
         if meta.checkpoint_id == self.stw_checkpoint:
             out += self._end_stop_the_world(meta.checkpoint_id)  # durable: the world may go on
         return out

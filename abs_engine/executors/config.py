@@ -55,6 +55,15 @@ class JobConfig:
         encodes it (cheapest in CPU: a fork costs about three times as much in all);
         ``"auto"`` (default): fork for states of 100k entries or more when the machine has a
         core to spare, else inline (runtime/snapshot_encoding.py).
+    restore_from: a savepoint (a directory abs-engine wrote, or its URI) to start from when
+        the checkpoint directory holds no checkpoint of the job yet; at another parallelism
+        it is rescaled. A corrupt or foreign savepoint is a CheckpointError, never a fresh
+        start.
+    savepoint_dir: where savepoints go (``<checkpoint_dir>/savepoints`` by default for a
+        local checkpoint directory, else ``./savepoints``).
+    stop_with_savepoint_on_signal: while run() runs in the main thread, SIGTERM or Ctrl-C
+        takes a savepoint, commits the sinks and returns (``JobResult.savepoint``,
+        ``stopped_with_savepoint``); a second signal stops at once.
     """
 
     mode: str = "aligned"
@@ -78,6 +87,9 @@ class JobConfig:
     tolerable_failed_checkpoints: int | None = 3
     tls: bool = False
     snapshot_encoding: str = "auto"
+    restore_from: str | None = None
+    savepoint_dir: str | None = None
+    stop_with_savepoint_on_signal: bool = True
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -148,6 +160,8 @@ class JobResult:
     skipped_checkpoints: list[str] = field(default_factory=list)
     checkpoint_dir: str = ""
     cancelled: bool = False
+    savepoint: str = ""  #: the last savepoint taken (its location)
+    stopped_with_savepoint: bool = False  #: a signal stopped the job after its savepoint
 
     def add_checkpoint(self, stat: CheckpointStat) -> None:
         """Record a completed checkpoint; memory stays bounded on a job that runs for ever."""

@@ -22,17 +22,20 @@ errors that no retry can fix are fatal at once; others are retried by the restar
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import selectors
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .. import auth, codec, codeship, fs, messages
 from ..tls import Material
@@ -42,6 +45,7 @@ from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.lock import DirectoryLock
 from ..checkpoint.remote import RemoteStorage, control_dir, open_storage
 from ..checkpoint.rescale import restore_specs
+from ..checkpoint.savepoint import load_savepoint, write_savepoint
 from ..checkpoint.storage import CheckpointStorage, Metadata
 from ..errors import AbsEngineError, CheckpointError, CheckpointErrorReason, JobFailed, ProtocolError, ProtocolErrorReason
 from ..graph import LogicalGraph
@@ -117,6 +121,9 @@ class JobMaster:
         self.job_id = ""  #: a fresh run's own id, or adopted from the checkpoints it resumes
         self.run_nonce = secrets.token_hex(8)  #: this driver process's run, in fence tokens
         self.control_dir = ""  #: where the lock and the output fence live (see remote.control_dir)
+        self.stop_requested = False  #: a signal asked for stop-with-savepoint
+        self.savepoint_requested = False  #: a signal asked for a savepoint (and to go on)
+        self.storage: CheckpointStorage | None = None  #: the job's checkpoint storage, while it runs
         #: checkpoint id -> (slowest task-thread share, slowest async part) of the acks so far, in ms
         self.snapshot_ms: dict[int, tuple[float, float]] = {}
         #: (operator, record digest) of failures seen: the same again after a restart is a poison record.
@@ -142,10 +149,38 @@ class JobMaster:
                     start()
                     started.append(t)
             self.code = codeship.ship(self.graph)
-            return self._run()
+            with self._stop_on_signals():
+                return self._run()
         finally:
             for t in started:
                 t.driver_stop()
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self) -> Iterator[None]:
+        """While the job runs, SIGTERM or Ctrl-C asks for a savepoint and a clean stop (its
+        sinks committed); a second one stops at once (KeyboardInterrupt). SIGUSR2 asks for
+        a savepoint and goes on (``abs-engine savepoint``)."""
+        if not self.config.stop_with_savepoint_on_signal or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if self.stop_requested:
+                raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping without a savepoint")
+            self.stop_requested = True
+            self._log(f"{signal.Signals(signum).name}: taking a savepoint, then stopping "
+                      "(send it again to stop at once)")
+
+        def on_savepoint(signum: int, frame: Any) -> None:
+            self.savepoint_requested = True
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, on_savepoint)
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
 
     def _run(self) -> JobResult:
         cfg = self.config
@@ -153,6 +188,7 @@ class JobMaster:
         location = (tempfile.mkdtemp(prefix="abs-engine-ckpt-") if cfg.checkpoint_dir is None
                     else cfg.checkpoint_dir if fs.is_remote(cfg.checkpoint_dir) else fs.local_path(cfg.checkpoint_dir))
         storage = open_storage(location, cfg.retained_checkpoints)
+        self.storage = storage
         if isinstance(storage, RemoteStorage):
             storage.make_root()  # an unreachable store or a missing bucket fails here, at once
         else:
@@ -195,11 +231,20 @@ class JobMaster:
                     self.result.skipped_checkpoints.append(msg)
                     self._log(msg)
                 storage.remove_orphans_after(meta.checkpoint_id if meta else 0)
+                restore_root = storage.root
+                if meta is None and cfg.restore_from:
+                    # Nothing of this job's own yet: start from the savepoint (verified, every file).
+                    sp_storage, meta = load_savepoint(cfg.restore_from, self.fingerprint, self.shape)
+                    restore_root = sp_storage.root
+                    if not self.job_id:
+                        self.job_id = meta.job_id or uuid.uuid4().hex[:16]
+                        self.result.job_id = self.job_id
                 if meta is not None:
                     self.result.restored_from.append(meta.checkpoint_id)
-                next_id = max(storage.ids_on_disk(), default=0) + 1
+                # Above the restored id too: sinks hold epochs by checkpoint id (a savepoint's may be higher).
+                next_id = max([*storage.ids_on_disk(), meta.checkpoint_id if meta else 0]) + 1
                 try:
-                    self._attempt(attempt, listener, storage, meta, next_id)
+                    self._attempt(attempt, listener, storage, meta, next_id, restore_root)
                     return
                 except JobCancelled:
                     self.result.cancelled = True
@@ -239,7 +284,7 @@ class JobMaster:
     # ---- one attempt ------------------------------------------------------------------------
 
     def _attempt(self, gen: int, listener: socket.socket, storage: CheckpointStorage,
-                 meta: Metadata | None, next_id: int) -> None:
+                 meta: Metadata | None, next_id: int, restore_root: str) -> None:
         cfg = self.config
         host, port = listener.getsockname()[:2]
         workers: dict[str, Worker] = {}
@@ -248,7 +293,7 @@ class JobMaster:
         self.consecutive_expired = 0
         token = f"{self.job_id}/{self.run_nonce}/{gen}"
         # What each task restores (same plan: its own file; another parallelism: rescaled).
-        restores = {} if meta is None else restore_specs(self.plan, meta, storage.root, self.max_parallelism)
+        restores = {} if meta is None else restore_specs(self.plan, meta, restore_root, self.max_parallelism)
         if meta is not None and meta.fingerprint != self.fingerprint:
             self._log(f"restoring checkpoint {meta.checkpoint_id} at the job's new parallelism (rescaling)")
         killed = fence.advance(self.control_dir, token)
@@ -467,6 +512,11 @@ class JobMaster:
                         raise WorkerFailure(late[0], None, f"tasks {late} did not restore and start within "
                                                            f"startup_timeout={cfg.startup_timeout}s")
                 if started and not final_restore:
+                    if self.stop_requested and not coord.stopping:
+                        coord.request_savepoint(stop=True)
+                    if self.savepoint_requested:
+                        self.savepoint_requested = False
+                        coord.request_savepoint(stop=False)
                     for task, m in coord.poll():
                         self._send(workers[task], m)
                     self._on_expired(coord)
@@ -482,6 +532,21 @@ class JobMaster:
         if cfg.progress:
             self._print_progress(coord)
         self.launcher.wait_exit({t: w.proc for t, w in workers.items()}, timeout=30.0)  # exit after Committed
+
+    def _savepoint(self, coord: CheckpointCoordinator, meta: Metadata) -> None:
+        """Checkpoint ``meta`` is the savepoint asked for: copy it out of retention's reach.
+        When stopping, its notifications then end every task after it commits (coordinator)."""
+        cfg = self.config
+        where = cfg.savepoint_dir or (os.path.join(fs.local_path(cfg.checkpoint_dir), "savepoints")
+                                      if cfg.checkpoint_dir and not fs.is_remote(cfg.checkpoint_dir)
+                                      else os.path.abspath("savepoints"))
+        assert self.storage is not None
+        self.result.savepoint = write_savepoint(self.storage, meta, where)
+        self._log(f"savepoint of checkpoint {meta.checkpoint_id}: {self.result.savepoint}")
+        if coord.stopping:
+            self.result.stopped_with_savepoint = True
+        else:
+            coord.savepoint_id = None  # the next request takes a new one
 
     def _on_expired(self, coord: CheckpointCoordinator) -> None:
         """Report expired checkpoints with the tasks they waited for; fail over after too
@@ -527,6 +592,8 @@ class JobMaster:
             self.snapshot_ms[msg.checkpoint_id] = (max(times[0], msg.sync_ms), max(times[1], msg.async_ms))
             if meta is not None:
                 self.consecutive_expired = 0
+                if meta.checkpoint_id == coord.savepoint_id or (meta.final and coord.savepoint_requested):
+                    self._savepoint(coord, meta)  # (the job's final checkpoint came first: it is the savepoint)
                 sync_ms, async_ms = self.snapshot_ms.pop(meta.checkpoint_id)
                 for old in [c for c in self.snapshot_ms if c < meta.checkpoint_id]:
                     del self.snapshot_ms[old]  # aborted or expired ones: bounded

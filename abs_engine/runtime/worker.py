@@ -202,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     # A stuck worker's Python stacks, on request of the driver (SIGUSR1), even if the GIL
     # is held: to stderr, which the driver's console shows.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # A terminal's Ctrl-C reaches the whole process group: the driver decides what it means
+    # (a savepoint, then a clean stop), and tells the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         control = ControlLink((host, int(port)), secret, material)
     except (OSError, ProtocolError) as e:

@@ -1,0 +1,65 @@
+"""Savepoints: a completed checkpoint copied where retention never reaches, to restart a
+job from later, at any parallelism.
+
+A savepoint is a directory ``<savepoint dir>/savepoint-<job>-<checkpoint id>-<UTC time>``
+laid out as a checkpoint directory holding one checkpoint (``chk-N/<task>...state`` and
+``chk-N/_metadata``), so it is read with every check storage.py makes. Invariants:
+- Self-contained: every state file is copied, not referenced; each is read back from the
+  checkpoint with its size and sha256 verified before it is written, and the metadata
+  (carrying the same sizes and sha256s) is written last, so a savepoint without
+  ``_metadata`` (a crash mid-copy) does not exist.
+- Retention never removes it: it lives outside the checkpoints' ``chk-N`` namespace.
+- Restoring from one (``restore_from=PATH``) reads it like any checkpoint: a corrupt or
+  truncated file fails verification with a typed CheckpointError, never a fresh start.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from .. import fs
+from ..errors import CheckpointError, CheckpointErrorReason
+from .remote import open_storage, write_task_state
+from .storage import CheckpointStorage, Metadata
+
+PREFIX = "savepoint-"
+
+
+def savepoint_name(job: str, checkpoint_id: int, now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    safe_job = re.sub(r"[^A-Za-z0-9_.-]", "_", job)[:64] or "job"
+    return f"{PREFIX}{safe_job}-{checkpoint_id:06d}-{stamp}"
+
+
+def write_savepoint(source: CheckpointStorage, meta: Metadata, directory: str) -> str:
+    """Copy checkpoint ``meta`` of ``source`` into a new savepoint below ``directory``;
+    returns the savepoint's location (a path, or a URI without credentials)."""
+    name = savepoint_name(meta.job, meta.checkpoint_id)
+    if fs.is_remote(directory):
+        head, sep, query = directory.partition("?")
+        target = f"{head.rstrip('/')}/{name}{sep}{query}"
+    else:
+        target = fs.local_path(directory) + "/" + name
+        fs.LocalDir(target).make_root()
+    blobs = source._read_blobs(meta.checkpoint_id, meta, list(meta.tasks))  # verified: size and sha256
+    for task, entry in meta.tasks.items():
+        write_task_state(target, meta.checkpoint_id, entry.file, blobs[task][0])
+    dest = open_storage(target)
+    dest.write_metadata(meta)  # last: the savepoint exists from here on
+    return dest.shown
+
+
+def load_savepoint(location: str, fingerprint: str, shape: str) -> tuple[CheckpointStorage, Metadata]:
+    """The savepoint at ``location``, verified (every file), and its storage: a
+    CheckpointError (NOT_FOUND, CHECKSUM_MISMATCH, ...) if it is not a usable savepoint of
+    this dataflow (PLAN_MISMATCH for another dataflow; another parallelism is rescaled)."""
+    storage = open_storage(location)
+    meta, skipped = storage.latest_valid(fingerprint, shape=shape)
+    if meta is None:
+        if skipped:
+            raise skipped[0]
+        raise CheckpointError(CheckpointErrorReason.NOT_FOUND,
+                              f"no savepoint at {storage.shown}: restore_from must name a savepoint directory "
+                              f"(a '{PREFIX}...' directory that abs-engine wrote)")
+    return storage, meta
