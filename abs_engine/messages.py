@@ -88,6 +88,9 @@ class NotifyComplete(Message):
     TAG: ClassVar[str] = "complete"
     checkpoint_id: int
     final: bool
+    #: Stop with this savepoint: commit it, say Committed, then process nothing more and wait
+    #: for Shutdown (exiting at once would break peers that have not committed yet).
+    stop: bool = False
 
 
 @dataclass(frozen=True)

@@ -290,10 +290,10 @@ class CheckpointCoordinator:
         return [(t, messages.EndLoop(self.drained[lid])) for lid in loops for t in sorted(self.loops[lid][0])]
 
     def notifications(self, meta: Metadata) -> list[tuple[str, messages.Message]]:
-        # Stopping with this savepoint: every task commits it and ends, as after a final one.
-        last = meta.final or (self.stopping and meta.checkpoint_id == self.savepoint_id)
+        # Stopping with this savepoint: every task commits it, says so, and waits to be shut down.
+        stop = not meta.final and self.stopping and meta.checkpoint_id == self.savepoint_id
         out: list[tuple[str, messages.Message]] = [
-            (t, messages.NotifyComplete(meta.checkpoint_id, last)) for t in sorted(self.tasks)]
+            (t, messages.NotifyComplete(meta.checkpoint_id, meta.final, stop)) for t in sorted(self.tasks)]
         if meta.checkpoint_id == self.stw_checkpoint:
             out += self._end_stop_the_world(meta.checkpoint_id)  # durable: the world may go on
         return out

@@ -531,6 +531,10 @@ class JobMaster:
             sel.close()
         if cfg.progress:
             self._print_progress(coord)
+        if self.result.stopped_with_savepoint:  # every task committed it and waits: now they may go
+            for w in workers.values():
+                with contextlib.suppress(WorkerFailure):  # one that is gone already has committed
+                    self._send(w, messages.Shutdown())
         self.launcher.wait_exit({t: w.proc for t, w in workers.items()}, timeout=30.0)  # exit after Committed
 
     def _savepoint(self, coord: CheckpointCoordinator, meta: Metadata) -> None:

@@ -296,10 +296,13 @@ class Task:
             ))
         elif isinstance(msg, messages.NotifyComplete):
             self._notify_complete(msg.checkpoint_id)
-            if msg.final:
+            if msg.final or msg.stop:
                 self.writer.flush()
                 self.control.send(messages.Committed(self.spec.id))
                 self.stop = True
+            if msg.stop:  # stop with a savepoint: hold every connection open until told to go
+                while not isinstance(self.control.receive(), messages.Shutdown):
+                    pass
         elif isinstance(msg, messages.EndLoop):
             if not self.loop_ended:
                 self.loop_ended = True

@@ -57,6 +57,7 @@ def test_sigterm_stops_with_a_committed_savepoint_and_a_restore_from_it_is_exact
         retained_checkpoints=1, stop_when=sigterm_after(0))
     assert res.stopped_with_savepoint and res.savepoint.startswith(sp_dir) and not res.cancelled
     assert not any(c.final for c in res.checkpoints)  # stopped mid-job, not at its end
+    assert res.restarts == 0 and res.failures == []  # a clean stop: no task failed on the way out
     committed_matches_savepoint(str(sink_dir), res.savepoint)
     # Retention (1) removed the checkpoints the savepoint came from; the savepoint is whole.
     assert open_storage(res.savepoint).verify(open_storage(res.savepoint).completed_ids()[0])
