@@ -85,6 +85,22 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def key_groups_of(state: Any, max_parallelism: int) -> dict[int, list[int]] | None:
+    """For keyed state (a map key -> value): key group -> [keys, encoded bytes]; None for
+    any other state (or keys that cannot be placed)."""
+    from . import codec, keygroups
+
+    if not isinstance(state, dict) or not state:
+        return None
+    groups: dict[int, dict[Any, Any]] = {}
+    try:
+        for k, v in state.items():
+            groups.setdefault(keygroups.key_group(k, max_parallelism), {})[k] = v
+    except (AbsEngineError, TypeError):
+        return None
+    return {g: [len(kv), len(codec.pack(kv))] for g, kv in sorted(groups.items())}
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     storage = open_storage(args.dir)
     cid = args.id
@@ -94,6 +110,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             raise CheckpointError(CheckpointErrorReason.NOT_FOUND, f"no valid checkpoint in {storage.root}")
         cid = meta.checkpoint_id
     meta = storage.verify(cid)
+    max_p = int(meta.layout.get("max_parallelism", 128))
+    keyed = set(meta.layout.get("keyed", []))
+    states = {t: storage.read_state(cid, t, meta) for t in meta.tasks}
     doc = {
         **storage.describe(cid),
         "job": meta.job,
@@ -101,7 +120,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         "tasks": {
             t: {"file": e.file, "bytes": e.size, "sha256": e.sha256,
                 "alignment_ms": round(meta.alignment_ms.get(t, 0.0), 3),
-                "state": jsonable(storage.read_state(cid, t, meta)),
+                "state": jsonable(states[t]),
+                "key_groups": {op: kg for op, st in states[t].items()
+                               if op in keyed and (kg := key_groups_of(st, max_p)) is not None},
                 "back_edge_logs": jsonable(storage.read_logs(cid, t, meta))}
             for t, e in sorted(meta.tasks.items())
         },
@@ -115,6 +136,11 @@ def cmd_show(args: argparse.Namespace) -> int:
             for op, state in info["state"].items():
                 text = json.dumps(state)
                 print(f"    {op}: {text[:200]}{'...' if len(text) > 200 else ''}")
+                if op in info["key_groups"]:
+                    kg = info["key_groups"][op]
+                    big = max(kg.items(), key=lambda item: item[1][1])
+                    print(f"      {sum(n for n, _ in kg.values()):,} keys in {len(kg)} of {max_p} key groups; "
+                          f"largest: group {big[0]}, {big[1][0]:,} keys, {big[1][1]:,} bytes")
             for ch, records in info["back_edge_logs"].items():
                 text = json.dumps(records)
                 print(f"    back-edge {ch}: {len(records)} record(s) logged in flight: "

@@ -145,7 +145,8 @@ class Plan:
             ids = [t.id for t in sorted((t for t in self.tasks if t.chain == c.name), key=lambda t: t.index)]
             for op in c.operators:
                 tasks_of[op] = ids
-        return {"shape": self.shape(), "operators": tasks_of, "max_parallelism": self.max_parallelism}
+        return {"shape": self.shape(), "operators": tasks_of, "max_parallelism": self.max_parallelism,
+                "keyed": sorted(o.name for o in self.operators if o.keyed)}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -381,7 +381,7 @@ class Metadata:
 
 def _layout(raw: Any, tasks: dict[str, FileEntry]) -> dict[str, Any]:
     """The layout field, checked: {"shape": str, "operators": {name: [task ids of ``tasks``]},
-    "max_parallelism": int}."""
+    "max_parallelism": int, "keyed": [names of keyed operators]}."""
     if raw == {}:
         return {}
     if not isinstance(raw, dict) or not isinstance(raw.get("shape"), str) or not isinstance(raw.get("operators"), dict):
@@ -397,7 +397,10 @@ def _layout(raw: Any, tasks: dict[str, FileEntry]) -> dict[str, Any]:
     max_p = raw.get("max_parallelism", 128)
     if not isinstance(max_p, int) or isinstance(max_p, bool) or not 1 <= max_p <= 1 << 15:
         raise ValueError(f"layout: max_parallelism {max_p!r} is not an int in 1..32768")
-    return {"shape": raw["shape"], "operators": ops, "max_parallelism": max_p}
+    keyed = raw.get("keyed", [])
+    if not isinstance(keyed, (list, tuple)) or not all(isinstance(k, str) and k in ops for k in keyed):
+        raise ValueError("layout: 'keyed' is not a list of its operators")
+    return {"shape": raw["shape"], "operators": ops, "max_parallelism": max_p, "keyed": list(keyed)}
 
 
 def encode_metadata(meta: Metadata) -> bytes:

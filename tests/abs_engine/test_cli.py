@@ -28,7 +28,10 @@ def make_checkpoint(storage: CheckpointStorage, cid: int, states: dict[str, dict
             f.write(blob)
         tasks[task] = FileEntry(f"{task}.state", len(blob), hashlib.sha256(blob).hexdigest())
     meta = Metadata(cid, job, "fp-123", 1_700_000_000.0, final, tasks,
-                    {t: 1.23456 for t in tasks}, 42.0)
+                    {t: 1.23456 for t in tasks}, 42.0,
+                    layout={"shape": "s", "operators": {op: [t] for t, ops in states.items() for op in ops},
+                            "max_parallelism": 128,
+                            "keyed": [op for ops in states.values() for op in ops if op == "count"]})
     storage.write_metadata(meta)
     return meta
 
@@ -144,6 +147,17 @@ def test_show_json_newest(ckdir, capsys):
     # state decoded per operator, made JSON-friendly
     assert read["state"] == {"read": 1024, "split": None}
     assert doc["tasks"]["count#0"]["state"] == {"count": {"apple": 3, "pear": 1, "7": 2}}
+    # Keyed state by key group (the groups a rescale splits it by): keys and encoded bytes each.
+    from abs_engine.keygroups import key_group
+
+    groups = doc["tasks"]["count#0"]["key_groups"]["count"]
+    expected: dict[str, list[int]] = {}
+    for k, v in {"apple": 3, "pear": 1, 7: 2}.items():
+        g = expected.setdefault(str(key_group(k, 128)), [0, 0])
+        g[0] += 1
+    assert {g: n for g, (n, _) in groups.items()} == {g: n for g, (n, _) in expected.items()}
+    assert all(size > 0 for _, size in groups.values())
+    assert doc["tasks"]["write#0"]["key_groups"] == {}  # not a keyed operator
     assert doc["tasks"]["write#0"]["state"] == {"write": {
         "published": 6,
         "pending": [[2, {"$text": "a\t3\n"}], [3, {"$hex": "fffe"}]],
