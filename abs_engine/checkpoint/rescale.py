@@ -48,8 +48,12 @@ def restore_specs(plan: Plan, meta: Metadata, root: str, max_parallelism: int) -
             else:
                 operators[op] = list(olds)
                 changed.append(op)
-        head_olds = old_ops[chain.operators[0]]
+        # Back-edge logs are kept by the task whose chain head received them: only old tasks
+        # headed by this chain's head hold logs for it (a back-edge target is a head in any plan).
+        head = chain.operators[0]
+        head_olds = old_ops[head]
         logs_from = [head_olds[task.index]] if len(head_olds) == task.parallelism else list(head_olds)
+        logs_from = [t for t in logs_from if t.rsplit("#", 1)[0] == head]
         needed = sorted({t for ids in operators.values() for t in ids} | set(logs_from))
         specs[task.id] = {
             "checkpoint_id": meta.checkpoint_id, "root": root,

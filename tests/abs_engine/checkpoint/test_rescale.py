@@ -76,3 +76,14 @@ def test_another_key_group_count_is_refused():
     with pytest.raises(RescaleError) as info:
         restore_specs(plan(3), meta, "/ck", 128)
     assert info.value.reason is RescaleErrorReason.MAX_PARALLELISM
+
+
+def test_logs_come_only_from_old_tasks_headed_by_the_same_operator():
+    old, new = plan(1), plan(2)  # at 1, count and sink share a chain headed by count
+    assert [c.operators for c in old.chains if "sink" in c.operators] == [("count", "sink")]
+    specs = restore_specs(new, meta_of(old), "/ck", 128)
+    sink_task = [t.id for t in new.tasks if t.chain == "sink"][0]
+    r = specs[sink_task]["rescale"]
+    assert r["operators"]["sink"] == ["count#0"] and r["logs_from"] == []  # count#0's logs are count's
+    count_tasks = [t.id for t in new.tasks if t.chain == "count"]
+    assert all(specs[t]["rescale"]["logs_from"] == ["count#0"] for t in count_tasks)
