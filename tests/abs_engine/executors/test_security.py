@@ -158,8 +158,10 @@ def test_impostors_on_the_drivers_port_get_nothing_and_the_job_stays_exact(tmp_p
             # no TLS from them: at most a TLS alert, not even the challenge
             assert auth.MAGIC not in got and len(got) < 64, (name, got)
         else:
-            # the challenge and nothing else: no plan, no code, no peers
-            assert got[:4] == auth.MAGIC and len(got) == auth.CHALLENGE_SIZE, (name, len(got))
+            # the challenge and nothing else: no plan, no code, no peers. Under load a refused
+            # connection is sometimes reset (or left unaccepted until the listener closes)
+            # before its challenge is read: nothing at all is as good.
+            assert got == b"" or (got[:4] == auth.MAGIC and len(got) == auth.CHALLENGE_SIZE), (name, len(got))
         s.close()
 
 
