@@ -43,6 +43,7 @@ class Deploy(Message):
     connect_timeout: float = 60.0  #: for peers to connect and answer (they restore first)
     fence_dir: str = ""  #: the directory of the fence file ("": checkpoint_dir, which is local)
     snapshot_encoding: str = "auto"  #: "auto", "fork" or "inline" (runtime/snapshot_encoding.py)
+    incremental: bool = False  #: write keyed state as deltas (checkpoint/incremental.py)
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,12 @@ class Ack(Message):
     finished: bool  #: the task had finished (sent end of stream) when it snapshotted
     sync_ms: float = 0.0  #: the task thread's share: operators' snapshot() and the copy (a fork, or inline)
     async_ms: float = 0.0  #: from then to the acknowledgement: encoding (if forked) and the write
+    #: Incremental checkpoints (checkpoint/incremental.py): the checkpoint whose file of this
+    #: task the deltas in this one apply to (-1: a full file), and the newest completed
+    #: checkpoint the task had been told of (what it may build on from now; -1: it never
+    #: writes deltas).
+    base: int = -1
+    known: int = -1
 
 
 @dataclass(frozen=True)

@@ -270,7 +270,8 @@ class MemoryStorage(CheckpointStorage):
         self.files.pop(i, None)
         self.metas.pop(i, None)
 
-    def prune(self) -> list[int]:
+    def prune(self, protect: dict[int, set[str]] | None = None) -> list[int]:
+        # The simulated tasks write full snapshots only: nothing is shared to protect.
         completed = self.completed_ids()
         keep, newest = set(completed[-self.retain :]), (completed[-1] if completed else 0)
         removed = [i for i in self.ids_on_disk() if i not in keep and i <= newest]

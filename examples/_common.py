@@ -21,13 +21,16 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
                                            "(default: the embedded local session)")
     ap.add_argument("--tls", action="store_true",
                     help="encrypt every connection between engine processes (mutual TLS, a per-job certificate)")
+    ap.add_argument("--incremental", action="store_true",
+                    help="incremental checkpoints: write only the keys changed since an earlier checkpoint")
     ap.add_argument("--restore-from", help="a savepoint to start from (at any parallelism); Ctrl-C or SIGTERM "
                                            "takes one and stops the job")
 
 
 def executor_options(args: argparse.Namespace) -> dict[str, Any]:
-    """flow.run() options for --executor / --spark-master / --tls."""
-    opts: dict[str, Any] = {"executor": args.executor, "tls": args.tls, "restore_from": args.restore_from}
+    """flow.run() options for --executor / --spark-master / --tls / --restore-from / --incremental."""
+    opts: dict[str, Any] = {"executor": args.executor, "tls": args.tls, "restore_from": args.restore_from,
+                            "incremental_checkpoints": args.incremental}
     if args.spark_master:
         import atexit
 

@@ -3,6 +3,13 @@ subtask owns a disjoint set of keys and its state is a plain dict key -> value.
 
 Running variants emit ``(key, value)`` for every input record; ``*Final`` variants emit
 ``(key, value)`` once per key at end of input (bounded jobs).
+
+Incremental checkpoints (checkpoint/incremental.py): once the runtime calls
+``track_changes``, every key a batch touches is added to ``changed`` (one C-level
+``set.update`` per batch), and ``take_changes`` hands the set over at each snapshot. A key
+in it whose value is unchanged costs a few bytes in the delta, never a wrong answer; a
+key changed but missing from it would be lost, so every write to ``state`` must go
+through a batch's keys.
 """
 
 from __future__ import annotations
@@ -19,10 +26,26 @@ class _Keyed(Operator):
     def __init__(self, key_fn: KeyFn = None):
         self.key_fn = key_fn
         self.state: dict[Any, Any] = {}
+        self.changed: set[Any] | None = None  #: keys touched since take_changes (None: not tracked)
+
+    def track_changes(self) -> None:
+        self.changed = set()
+
+    def take_changes(self) -> set[Any]:
+        changed, self.changed = self.changed or set(), set()
+        return changed
 
     def keys_of(self, batch: list[Any]) -> list[Any]:
         if self.key_fn is None:
-            return batch
+            keys = batch
+        else:
+            keys = self._apply_key_fn(batch)
+        if self.changed is not None:
+            self.changed.update(keys)
+        return keys
+
+    def _apply_key_fn(self, batch: list[Any]) -> list[Any]:
+        assert self.key_fn is not None
         try:
             return list(map(self.key_fn, batch))
         except Exception:
@@ -40,6 +63,8 @@ class _Keyed(Operator):
 
     def restore(self, state: Any) -> None:
         self.state = dict(state)
+        if self.changed is not None:
+            self.changed = set()
 
     def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Callable[[Any], bool]) -> Any:
         """The keys of every old subtask whose key group the new subtask owns (the old
@@ -80,6 +105,8 @@ class CountFinal(_Keyed):
 
     def restore(self, state: Any) -> None:
         self.state = Counter(dict(state))
+        if self.changed is not None:
+            self.changed = set()
 
 
 class Reduce(_Keyed):

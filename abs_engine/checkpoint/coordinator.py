@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import messages
+from .incremental import ChainRef
 from .pending import AckOutcome, PendingCheckpoint, TaskSnapshot
 from .quiescence import QuiescenceDetector, Verdict
 from .storage import CheckpointStorage, FileEntry, Metadata
@@ -112,6 +113,11 @@ class CheckpointCoordinator:
         self.savepoint_id: int | None = None
         #: Stopping with a savepoint: no checkpoint is triggered after it.
         self.stopping = False
+        #: Incremental checkpoints: this attempt's completed checkpoints that tasks may still
+        #: build on, and per task the newest completion it had been told of at its last
+        #: snapshot (it never builds on an older one again; absent: it writes no deltas).
+        self.buildable: dict[int, Metadata] = {}
+        self.known: dict[str, int] = {}
 
     def request_savepoint(self, stop: bool) -> None:
         """Take a checkpoint now (whatever the interval) and mark it as the savepoint; with
@@ -246,8 +252,11 @@ class CheckpointCoordinator:
             outcome = AckOutcome.DISCARDED if closed else AckOutcome.UNKNOWN
         else:
             outcome = p.acknowledge(
-                ack.task, TaskSnapshot(ack.file, ack.size, ack.sha256, ack.alignment_ms, ack.logged, ack.finished)
+                ack.task, TaskSnapshot(ack.file, ack.size, ack.sha256, ack.alignment_ms, ack.logged, ack.finished,
+                                       ack.base, ack.known)
             )
+        if ack.task in self.tasks and isinstance(ack.known, int) and ack.known >= 0:
+            self.known[ack.task] = max(self.known.get(ack.task, 0), ack.known)
         self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
         if p is None or not p.complete:
             return outcome, None
@@ -266,12 +275,14 @@ class CheckpointCoordinator:
             duration_ms=(now - p.started) * 1000,
             job_id=self.job_id,
             layout=self.layout,
+            chains=self._chains(p),
         )
         self.storage.write_metadata(meta)
         del self.pending[p.checkpoint_id]
         for cid in [c for c in self.pending if c < p.checkpoint_id]:  # subsumed
             self.pending.pop(cid).discard()
-        self.storage.prune()
+        self._track_bases(meta)
+        self.storage.prune(self.protected())
         self.stats.completed.append(meta)
         self.stats.trim(self.stats.completed)
         if p.final:
@@ -284,6 +295,40 @@ class CheckpointCoordinator:
                 self.drained[lid] = p.checkpoint_id
                 self.just_drained.append(lid)
         return meta
+
+    def _chains(self, p: PendingCheckpoint) -> dict[str, list[ChainRef]]:
+        """Each delta file's chain: its base's chain, then the base's file of that task."""
+        chains: dict[str, list[ChainRef]] = {}
+        for t, s in p.acks.items():
+            if s.base < 0:
+                continue
+            base = self.buildable.get(s.base)
+            if base is None or t not in base.tasks:
+                raise RuntimeError(f"task {t} wrote checkpoint {p.checkpoint_id} as a delta on checkpoint {s.base}, "
+                                   "which this coordinator did not complete or no longer tracks: an engine bug")
+            e = base.tasks[t]
+            chains[t] = base.chains.get(t, []) + [ChainRef(s.base, e.file, e.size, e.sha256)]
+        return chains
+
+    def _track_bases(self, meta: Metadata) -> None:
+        """Remember ``meta`` as a base tasks may build on; forget those no task can use."""
+        self.buildable[meta.checkpoint_id] = meta
+        floor = min([meta.checkpoint_id, *self.known.values()])
+        for cid in [c for c in self.buildable if c < floor]:
+            del self.buildable[cid]
+
+    def protected(self) -> dict[int, set[str]]:
+        """The files (checkpoint id -> names) that retention must keep because a task may
+        still write a delta on them: its file, and chain, in each completed checkpoint from
+        the newest it had been told of on."""
+        out: dict[int, set[str]] = {}
+        for cid, m in self.buildable.items():
+            for t, e in m.tasks.items():
+                if t in self.known and cid >= self.known[t]:
+                    out.setdefault(cid, set()).add(e.file)
+                    for r in m.chains.get(t, []):
+                        out.setdefault(r.checkpoint_id, set()).add(r.file)
+        return out
 
     def end_loop_messages(self, loops: list[int]) -> list[tuple[str, messages.Message]]:
         """EndLoop for every task of the given (drained) loops."""

@@ -25,6 +25,7 @@ import os
 
 from .. import fs
 from ..errors import CheckpointError, CheckpointErrorReason
+from .incremental import ChainRef, load_chain
 from .storage import (
     _DIR_RE,
     MAX_METADATA,
@@ -36,7 +37,6 @@ from .storage import (
     check_blob,
     check_name,
     chk_name,
-    decode_snapshot,
     load_task_snapshot,
     write_state_file,
 )
@@ -100,6 +100,27 @@ class RemoteStorage(CheckpointStorage):
             self.store.delete_dir(chk_name(checkpoint_id))
         except fs.StoreError:
             pass  # pruning is best effort; the next prune tries again
+
+    def _has_unneeded(self, checkpoint_id: int, files: set[str]) -> bool:
+        try:
+            return bool(set(self.store.list(chk_name(checkpoint_id))) - files)
+        except fs.StoreError:
+            return False
+
+    def _retire(self, checkpoint_id: int, files: set[str]) -> None:
+        chk = chk_name(checkpoint_id)
+        try:
+            self.store.delete_file(chk, METADATA)  # first: from here on it is not a checkpoint
+            for name in self.store.list(chk):
+                if name not in files:
+                    self.store.delete_file(chk, name)
+        except (fs.StoreError, FileNotFoundError):
+            pass  # best effort, as pruning; the next prune tries again
+
+    def _read_file(self, checkpoint_id: int, file: str, size: int, sha256: str) -> tuple[bytes, str]:
+        task = file[: -len(".state")] if file.endswith(".state") else file
+        return (_verified(self.store, checkpoint_id, task, file, size, sha256),
+                self.store.show(chk_name(checkpoint_id), file))
 
     def _read_metadata_raw(self, checkpoint_id: int) -> tuple[bytes, str]:
         shown = self.store.show(chk_name(checkpoint_id), METADATA)
@@ -176,15 +197,19 @@ def write_task_state(root: str, checkpoint_id: int, name: str, blob: bytes) -> s
     return store.show(chk, name)
 
 
-def load_task_state(root: str, checkpoint_id: int, name: str, size: int, sha256: str) -> TaskSnapshotData:
-    """A worker reads the state file it restores from, with every check (storage.py's
-    ``load_task_snapshot`` for local paths)."""
+def load_task_state(root: str, checkpoint_id: int, name: str, size: int, sha256: str,
+                    chain: list[ChainRef] | None = None) -> TaskSnapshotData:
+    """A worker reads the state file it restores from, and its incremental chain, with
+    every check (storage.py's ``load_task_snapshot`` for local paths)."""
     if not fs.is_remote(root):
-        return load_task_snapshot(root, checkpoint_id, name, size, sha256)
+        return load_task_snapshot(root, checkpoint_id, name, size, sha256, chain)
     store = _store(root)
-    task = name[: -len(".state")] if name.endswith(".state") else name
-    blob = _verified(store, checkpoint_id, task, name, size, sha256)
-    return decode_snapshot(blob, store.show(chk_name(checkpoint_id), name), checkpoint_id)
+
+    def read(cid: int, file: str, n: int, sha: str) -> tuple[bytes, str]:
+        task = file[: -len(".state")] if file.endswith(".state") else file
+        return _verified(store, cid, task, file, n, sha), store.show(chk_name(cid), file)
+
+    return load_chain(read, checkpoint_id, (name, size, sha256), chain or [])
 
 
 def control_dir(location: str) -> str:

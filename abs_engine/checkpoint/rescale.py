@@ -33,7 +33,8 @@ def restore_specs(plan: Plan, meta: Metadata, root: str, max_parallelism: int) -
     """task id -> the ``restore`` a worker gets in its Deploy."""
     if meta.fingerprint == plan.fingerprint():
         return {t.id: {"checkpoint_id": meta.checkpoint_id, "root": root, "file": meta.tasks[t.id].file,
-                       "size": meta.tasks[t.id].size, "sha256": meta.tasks[t.id].sha256} for t in plan.tasks}
+                       "size": meta.tasks[t.id].size, "sha256": meta.tasks[t.id].sha256,
+                       "chain": _chain(meta, t.id)} for t in plan.tasks}
     old_ops: dict[str, list[str]] = meta.layout["operators"]
     _check(plan, meta, old_ops, max_parallelism)
     specs: dict[str, dict[str, Any]] = {}
@@ -59,6 +60,7 @@ def restore_specs(plan: Plan, meta: Metadata, root: str, max_parallelism: int) -
             "checkpoint_id": meta.checkpoint_id, "root": root,
             "rescale": {
                 "files": {t: [meta.tasks[t].file, meta.tasks[t].size, meta.tasks[t].sha256] for t in needed},
+                "chains": {t: _chain(meta, t) for t in needed if t in meta.chains},
                 "operators": operators,
                 "changed": changed,
                 "logs_from": logs_from,
@@ -67,6 +69,11 @@ def restore_specs(plan: Plan, meta: Metadata, root: str, max_parallelism: int) -
             },
         }
     return specs
+
+
+def _chain(meta: Metadata, task: str) -> list[list[Any]]:
+    """The incremental chain of a task's file, as data for a Deploy (checkpoint/incremental.py)."""
+    return [r.to_list() for r in meta.chains.get(task, [])]
 
 
 def _check(plan: Plan, meta: Metadata, old_ops: dict[str, list[str]], max_parallelism: int) -> None:

@@ -4,7 +4,8 @@ job from later, at any parallelism.
 A savepoint is a directory ``<savepoint dir>/savepoint-<job>-<checkpoint id>-<UTC time>``
 laid out as a checkpoint directory holding one checkpoint (``chk-N/<task>...state`` and
 ``chk-N/_metadata``), so it is read with every check storage.py makes. Invariants:
-- Self-contained: every state file is copied, not referenced; each is read back from the
+- Self-contained: every state file is copied, not referenced (with an incremental
+  checkpoint, every file of its chains too, into ``chk-M`` directories without metadata); each is read back from the
   checkpoint with its size and sha256 verified before it is written, and the metadata
   (carrying the same sizes and sha256s) is written last, so a savepoint without
   ``_metadata`` (a crash mid-copy) does not exist.
@@ -45,6 +46,9 @@ def write_savepoint(source: CheckpointStorage, meta: Metadata, directory: str) -
     blobs = source._read_blobs(meta.checkpoint_id, meta, list(meta.tasks))  # verified: size and sha256
     for task, entry in meta.tasks.items():
         write_task_state(target, meta.checkpoint_id, entry.file, blobs[task][0])
+        for ref in meta.chains.get(task, []):  # incremental: the files it builds on come along
+            blob, _ = source._read_file(ref.checkpoint_id, ref.file, ref.size, ref.sha256)
+            write_task_state(target, ref.checkpoint_id, ref.file, blob)
     dest = open_storage(target)
     dest.write_metadata(meta)  # last: the savepoint exists from here on
     return dest.shown

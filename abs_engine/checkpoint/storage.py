@@ -37,11 +37,13 @@ from typing import Any
 
 from .. import codec
 from ..errors import CheckpointError, CheckpointErrorReason
+from .incremental import ChainRef, load_chain, merge, referenced
 
 METADATA = "_metadata"
 METADATA_TMP = METADATA + ".tmp"
 MAGIC = "abs-engine-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  #: written when a checkpoint has incremental chains (1 otherwise: older engines read it)
+READ_VERSIONS = (1, 2)
 MAX_METADATA = 16 << 20  #: bytes; a metadata file larger than this is refused unread
 MAX_STATE_FILE = 4 << 30  #: bytes; the largest state file a checkpoint may reference
 _DIR_RE = re.compile(r"^chk-(\d{6,})$")
@@ -307,9 +309,13 @@ class Metadata:
     #: The plan's layout (Plan.layout(): its shape, each operator's tasks in subtask order):
     #: what restoring at another parallelism needs; {} in older files (no rescaling from them).
     layout: dict[str, Any] = field(default_factory=dict, kw_only=True)
+    #: task -> the files of earlier checkpoints its state file builds on, oldest first
+    #: (incremental checkpoints: checkpoint/incremental.py); absent for a full file.
+    chains: dict[str, list[ChainRef]] = field(default_factory=dict, kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "chains": {t: [r.to_list() for r in refs] for t, refs in self.chains.items() if refs},
             "checkpoint_id": self.checkpoint_id,
             "job": self.job,
             "job_id": self.job_id,
@@ -365,6 +371,7 @@ class Metadata:
         if not isinstance(job_id, str):
             raise ValueError("field 'job_id' is not a string")
         layout = _layout(d.get("layout", {}), tasks)
+        chains = _chains(d.get("chains", {}), tasks, cid)
         return Metadata(
             checkpoint_id=cid,
             job=need("job", str),
@@ -376,7 +383,39 @@ class Metadata:
             duration_ms=need("duration_ms", (int, float)),
             job_id=job_id,
             layout=layout,
+            chains=chains,
         )
+
+
+def _chains(raw: Any, tasks: dict[str, FileEntry], cid: int) -> dict[str, list[ChainRef]]:
+    """The chains field, checked: {task: [[checkpoint id < cid, plain file, size, sha256], ...]}
+    with ids strictly ascending."""
+    if not isinstance(raw, dict):
+        raise ValueError("field 'chains' is not a map")
+    out: dict[str, list[ChainRef]] = {}
+    for t, refs in raw.items():
+        if t not in tasks:
+            raise ValueError(f"chain of task {t!r}, which has no state file")
+        if not isinstance(refs, (list, tuple)):
+            raise ValueError(f"chain of task {t!r} is not a list")
+        chain: list[ChainRef] = []
+        for ref in refs:
+            if not isinstance(ref, (list, tuple)) or len(ref) != 4:
+                raise ValueError(f"chain of task {t!r}: {ref!r} is not [checkpoint id, file, size, sha256]")
+            rid, file, size, sha = ref
+            if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid < cid or (
+                    chain and rid <= chain[-1].checkpoint_id):
+                raise ValueError(f"chain of task {t!r}: checkpoint id {rid!r} is not ascending and below {cid}")
+            if not is_plain_name(file) or file in (METADATA, METADATA_TMP):
+                raise _UnsafeName(f"chain of task {t!r}: file name {file!r} is not a plain file name")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ValueError(f"chain of task {t!r}: size {size!r} is not a non-negative integer")
+            if not isinstance(sha, str) or not _SHA256_RE.match(sha):
+                raise ValueError(f"chain of task {t!r}: sha256 {sha!r} is not 64 hex digits")
+            chain.append(ChainRef(rid, file, size, sha))
+        if chain:
+            out[t] = chain
+    return out
 
 
 def _layout(raw: Any, tasks: dict[str, FileEntry]) -> dict[str, Any]:
@@ -406,7 +445,10 @@ def _layout(raw: Any, tasks: dict[str, FileEntry]) -> dict[str, Any]:
 def encode_metadata(meta: Metadata) -> bytes:
     """The bytes of a ``_metadata`` file: the body, its sha256, magic and format version."""
     body = codec.pack(meta.to_dict())
-    return codec.pack({"magic": MAGIC, "version": FORMAT_VERSION, "body": body,
+    # Version 2 only when a chain exists: an engine that knows no chains must refuse such a
+    # checkpoint (it would restore a delta as the whole state), and may read any other.
+    version = FORMAT_VERSION if meta.chains else 1
+    return codec.pack({"magic": MAGIC, "version": version, "body": body,
                        "sha256": hashlib.sha256(body).hexdigest()})
 
 
@@ -420,8 +462,8 @@ def parse_metadata(raw: bytes, checkpoint_id: int, path: str) -> Metadata:
             raise ValueError("not a map")
         if doc.get("magic") != MAGIC:
             raise ValueError("bad magic")
-        if doc.get("version") != FORMAT_VERSION:
-            raise ValueError(f"format version {doc.get('version')!r}, this engine reads {FORMAT_VERSION}")
+        if doc.get("version") not in READ_VERSIONS:
+            raise ValueError(f"format version {doc.get('version')!r}, this engine reads {READ_VERSIONS}")
         body = doc["body"]
         if not isinstance(body, bytes) or hashlib.sha256(body).hexdigest() != doc["sha256"]:
             raise ValueError("metadata checksum mismatch")
@@ -457,6 +499,10 @@ class TaskSnapshotData:
     states: dict[str, Any]  #: operator -> decoded state (arrays as lists, map keys as tuples)
     logs: dict[str, list[Any]]  #: back-edge channel -> records logged in flight (arrays as tuples)
     finished: bool  #: the task had finished (end of stream sent) when it snapshotted
+    #: Incremental files: the checkpoint this file's deltas apply to, and the operators
+    #: stored as deltas (checkpoint/incremental.py); None and empty for a full file.
+    base: int | None = None
+    deltas: frozenset[str] = frozenset()
 
 
 def decode_snapshot(blob: bytes, path: str, checkpoint_id: int | None = None) -> TaskSnapshotData:
@@ -473,7 +519,13 @@ def decode_snapshot(blob: bytes, path: str, checkpoint_id: int | None = None) ->
             raise ValueError("'logs' is not a map")
         states = {name: codec.unpack_state(data) for name, data in doc["operators"].items()}
         logs = {ch: list(codec.unpack(data)) for ch, data in logs_raw.items()}
-        return TaskSnapshotData(states, logs, bool(doc.get("finished", False)))
+        base, deltas = doc.get("base"), doc.get("deltas", [])
+        if not isinstance(deltas, (list, tuple)) or not all(isinstance(n, str) and n in states for n in deltas):
+            raise ValueError("'deltas' is not a list of its operators")
+        if deltas and (not isinstance(base, int) or isinstance(base, bool) or base < 0):
+            raise ValueError(f"a delta file's base {base!r} is not a checkpoint id")
+        return TaskSnapshotData(states, logs, bool(doc.get("finished", False)), base if deltas else None,
+                                frozenset(deltas))
     except Exception as e:
         raise CheckpointError(_R.CORRUPT_STATE,
                               f"state file {path} passes its checksum but cannot be decoded ({e}): it was "
@@ -486,20 +538,26 @@ def decode_state(blob: bytes, path: str) -> dict[str, Any]:
     return decode_snapshot(blob, path).states
 
 
-def load_task_snapshot(checkpoint_dir_root: str, checkpoint_id: int, entry_file: str, size: int,
-                       sha256: str) -> TaskSnapshotData:
-    """One task's snapshot, for a worker restoring it: the state file ``entry_file`` of
-    checkpoint ``checkpoint_id`` under the checkpoint root, read with every check (plain
-    name, no symlinked root/chk dir/file, regular file, bounded by ``size``), compared
-    with ``sha256`` and decoded. Raises CheckpointError, never OSError or a msgpack error."""
-    shown_dir = os.path.join(checkpoint_dir_root, chk_name(checkpoint_id))
-    task = entry_file[: -len(".state")] if entry_file.endswith(".state") else entry_file
-    chk_fd = _open_chk(checkpoint_dir_root, checkpoint_id)
+def _read_local(root: str, checkpoint_id: int, file: str, size: int, sha256: str) -> tuple[bytes, str]:
+    """The verified bytes of state file ``file`` of checkpoint ``checkpoint_id``."""
+    shown_dir = os.path.join(root, chk_name(checkpoint_id))
+    task = file[: -len(".state")] if file.endswith(".state") else file
+    chk_fd = _open_chk(root, checkpoint_id)
     try:
-        blob = _verified_blob(chk_fd, shown_dir, task, entry_file, size, sha256, checkpoint_id)
+        return _verified_blob(chk_fd, shown_dir, task, file, size, sha256, checkpoint_id), os.path.join(shown_dir, file)
     finally:
         os.close(chk_fd)
-    return decode_snapshot(blob, os.path.join(shown_dir, entry_file), checkpoint_id)
+
+
+def load_task_snapshot(checkpoint_dir_root: str, checkpoint_id: int, entry_file: str, size: int,
+                       sha256: str, chain: list[ChainRef] | None = None) -> TaskSnapshotData:
+    """One task's snapshot, for a worker restoring it: the state file ``entry_file`` of
+    checkpoint ``checkpoint_id`` under the checkpoint root (and the files of its incremental
+    ``chain``), each read with every check (plain name, no symlinked root/chk dir/file,
+    regular file, bounded by its size), compared with its sha256, decoded and resolved.
+    Raises CheckpointError, never OSError or a msgpack error."""
+    return load_chain(lambda cid, f, n, sha: _read_local(checkpoint_dir_root, cid, f, n, sha), checkpoint_id,
+                      (entry_file, size, sha256), chain or [])
 
 
 # ---- writing helpers ----------------------------------------------------------------------
@@ -648,19 +706,67 @@ class CheckpointStorage:
             except OSError:
                 pass
 
-    def prune(self) -> list[int]:
+    def prune(self, protect: dict[int, set[str]] | None = None) -> list[int]:
         """Keep the newest ``retain`` completed checkpoints; delete older ones and orphans
-        (directories without metadata) older than the newest completed one."""
+        (directories without metadata) older than the newest completed one. Files that a
+        kept checkpoint's incremental chains reference, or that ``protect`` names
+        (checkpoint id -> file names: what running tasks may still build on), survive: a
+        directory holding such files only loses its ``_metadata`` and its other files
+        (checkpoint/incremental.py). Returns the ids that are no longer checkpoints."""
         completed = self.completed_ids()
         keep = set(completed[-self.retain :])
         newest = completed[-1] if completed else 0
+        metas = []
+        for i in sorted(keep):
+            try:
+                metas.append(self.load_metadata(i))
+            except CheckpointError as e:
+                if e.reason is _R.UNREACHABLE:
+                    return []  # cannot tell what is referenced: delete nothing now
+                # unusable: what it references does not matter
+        needed = merge(referenced(metas), protect or {})
         removed = []
         for i in self.ids_on_disk():
             if i in keep or i > newest:
                 continue
+            if i in needed:
+                if self._has_metadata(i) or self._has_unneeded(i, needed[i]):
+                    self._retire(i, needed[i])
+                    removed.append(i)
+                continue
             self._remove(i)
             removed.append(i)
         return removed
+
+    def _has_unneeded(self, checkpoint_id: int, files: set[str]) -> bool:
+        try:
+            return bool(set(os.listdir(self.dir_of(checkpoint_id))) - files)
+        except OSError:
+            return False
+
+    def _retire(self, checkpoint_id: int, files: set[str]) -> None:
+        """``chk-N`` stops being a checkpoint (its ``_metadata`` goes first) but keeps
+        ``files``, which others reference; everything else in it is deleted. A link is
+        unlinked, never followed."""
+        try:
+            chk_fd = _open_chk(self.root, checkpoint_id)
+        except CheckpointError:
+            self._remove(checkpoint_id)  # a planted link or file: nothing of ours is behind it
+            return
+        try:
+            names = os.listdir(chk_fd)
+            for name in sorted(names, key=lambda n: n != METADATA):  # _metadata first
+                if name in files:
+                    continue
+                try:
+                    os.unlink(name, dir_fd=chk_fd)
+                except IsADirectoryError:
+                    shutil.rmtree(os.path.join(self.dir_of(checkpoint_id), name), ignore_errors=True)
+                except OSError:
+                    pass
+            os.fsync(chk_fd)
+        finally:
+            os.close(chk_fd)
 
     def remove_orphans_after(self, checkpoint_id: int) -> list[int]:
         """At a restart: directories newer than the checkpoint restored from are from the
@@ -718,10 +824,27 @@ class CheckpointStorage:
         finally:
             os.close(chk_fd)
 
-    def _snapshots(self, checkpoint_id: int, meta: Metadata) -> dict[str, TaskSnapshotData]:
-        blobs = self._read_blobs(checkpoint_id, meta, list(meta.tasks))
-        return {task: decode_snapshot(blob, f"{shown} (task {task})", checkpoint_id)
-                for task, (blob, shown) in blobs.items()}
+    def _read_file(self, checkpoint_id: int, file: str, size: int, sha256: str) -> tuple[bytes, str]:
+        """The verified bytes of one state file (of this or an earlier checkpoint: a chain's)."""
+        return _read_local(self.root, checkpoint_id, file, size, sha256)
+
+    def _snapshots(self, checkpoint_id: int, meta: Metadata, tasks: list[str] | None = None
+                   ) -> dict[str, TaskSnapshotData]:
+        tasks = list(meta.tasks) if tasks is None else tasks
+        plain = [t for t in tasks if t not in meta.chains]
+        blobs = self._read_blobs(checkpoint_id, meta, plain)
+        out = {task: decode_snapshot(blob, f"{shown} (task {task})", checkpoint_id)
+               for task, (blob, shown) in blobs.items()}
+        for t in tasks:
+            if t in meta.chains:
+                e = meta.tasks[t]
+                out[t] = load_chain(self._read_file, checkpoint_id, (e.file, e.size, e.sha256), meta.chains[t])
+        for t, snap in out.items():
+            if snap.deltas and t not in meta.chains:
+                raise CheckpointError(_R.CORRUPT_STATE, f"checkpoint {checkpoint_id}: the state file of task {t} "
+                                      "holds deltas but the metadata names no chain for it: the checkpoint is "
+                                      "unusable", checkpoint_id)
+        return out
 
     def verify(self, checkpoint_id: int) -> Metadata:
         """Load the metadata, check size and sha256 of every file it references, and decode
@@ -778,8 +901,7 @@ class CheckpointStorage:
         """One task's decoded snapshot, read with every check (``meta`` defaults to
         verify()'s; the file is checked against it again either way)."""
         meta = meta or self.verify(checkpoint_id)
-        blob, shown = self._read_blobs(checkpoint_id, meta, [task])[task]
-        return decode_snapshot(blob, shown, checkpoint_id)
+        return self._snapshots(checkpoint_id, meta, [task])[task]
 
     def read_state(self, checkpoint_id: int, task: str, meta: Metadata | None = None) -> dict[str, Any]:
         """Decoded per-operator state of one task (``meta`` as in read_snapshot)."""

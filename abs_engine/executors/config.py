@@ -55,6 +55,12 @@ class JobConfig:
         encodes it (cheapest in CPU: a fork costs about three times as much in all);
         ``"auto"`` (default): fork for states of 100k entries or more when the machine has a
         core to spare, else inline (runtime/snapshot_encoding.py).
+    incremental_checkpoints: write keyed state (count, reduce and their final variants)
+        incrementally: each checkpoint holds only the keys changed since an earlier completed
+        one and references that one's files (shared, kept by retention while referenced); a
+        full file is written every 8 checkpoints, when half of a state changed, and after a
+        restore (checkpoint/incremental.py). Checkpoint bytes then follow the changes, not
+        the size of the state; a restore reads the chain.
     restore_from: a savepoint (a directory abs-engine wrote, or its URI) to start from when
         the checkpoint directory holds no checkpoint of the job yet; at another parallelism
         it is rescaled. A corrupt or foreign savepoint is a CheckpointError, never a fresh
@@ -87,6 +93,7 @@ class JobConfig:
     tolerable_failed_checkpoints: int | None = 3
     tls: bool = False
     snapshot_encoding: str = "auto"
+    incremental_checkpoints: bool = False
     restore_from: str | None = None
     savepoint_dir: str | None = None
     stop_with_savepoint_on_signal: bool = True
@@ -132,6 +139,9 @@ class CheckpointStat:
     #: and the copy), and from there to its acknowledgement (encoding if forked, the write).
     max_sync_ms: float = 0.0
     max_async_ms: float = 0.0
+    #: Incremental checkpoints: tasks whose file holds deltas on an earlier checkpoint's
+    #: (``bytes`` counts only what this checkpoint wrote).
+    delta_tasks: int = 0
 
 
 #: JobResult keeps the statistics of this many most recent checkpoints (a long job takes

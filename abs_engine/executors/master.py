@@ -314,7 +314,8 @@ class JobMaster:
                     self.plan.to_dict(), self.code, peers, restore,
                     bool(meta is not None and meta.final), storage.root, token,
                     cfg.heartbeat_interval, cfg.task_timeout, cfg.startup_timeout,
-                    fence_dir=self.control_dir, snapshot_encoding=cfg.snapshot_encoding))
+                    fence_dir=self.control_dir, snapshot_encoding=cfg.snapshot_encoding,
+                    incremental=cfg.incremental_checkpoints and cfg.mode != "none"))
             self._drive(workers, storage, meta, next_id)
         finally:
             self.launcher.stop({t: w.proc for t, w in workers.items()}, timeout=10.0)
@@ -603,7 +604,7 @@ class JobMaster:
                     del self.snapshot_ms[old]  # aborted or expired ones: bounded
                 self.result.add_checkpoint(CheckpointStat(
                     meta.checkpoint_id, meta.duration_ms, sum(e.size for e in meta.tasks.values()),
-                    max(meta.alignment_ms.values(), default=0.0), meta.final, sync_ms, async_ms))
+                    max(meta.alignment_ms.values(), default=0.0), meta.final, sync_ms, async_ms, len(meta.chains)))
                 for task, m in coord.notifications(meta):
                     self._send(workers[task], m)
                 self._chaos_on_checkpoint(meta.checkpoint_id, workers)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..checkpoint.incremental import ChainRef
 from ..checkpoint.remote import load_task_state
 from ..checkpoint.storage import TaskSnapshotData
 from ..errors import RescaleError, RescaleErrorReason
@@ -25,11 +26,14 @@ def load(restore: dict[str, Any], plan: Plan, spec: TaskSpec, operators: dict[st
     (by name), ``key_fns`` the job's key functions (by keyed operator)."""
     root, cid = restore["root"], int(restore["checkpoint_id"])
     if "rescale" not in restore:
-        return load_task_state(root, cid, restore["file"], int(restore["size"]), restore["sha256"])
+        return load_task_state(root, cid, restore["file"], int(restore["size"]), restore["sha256"],
+                               _refs(restore.get("chain")))
     from ..keygroups import key_group, key_group_range
 
     r = restore["rescale"]
-    snaps = {t: load_task_state(root, cid, f, int(size), sha) for t, (f, size, sha) in r["files"].items()}
+    chains = r.get("chains", {})
+    snaps = {t: load_task_state(root, cid, f, int(size), sha, _refs(chains.get(t)))
+             for t, (f, size, sha) in r["files"].items()}
     groups = key_group_range(int(r["max_parallelism"]), spec.parallelism, spec.index)
     max_p = int(r["max_parallelism"])
 
@@ -59,6 +63,11 @@ def load(restore: dict[str, Any], plan: Plan, spec: TaskSpec, operators: dict[st
     if r["route_logs"] and pooled:
         pooled = _mine(pooled, plan, spec, key_fns, owns, cid)
     return TaskSnapshotData(states, {"rescaled": pooled} if pooled else {}, finished)
+
+
+def _refs(raw: Any) -> list[ChainRef]:
+    """A chain from a Deploy (the driver's own data, built from verified metadata)."""
+    return [ChainRef(int(c), str(f), int(n), str(sha)) for c, f, n, sha in raw or []]
 
 
 def _mine(records: list[Any], plan: Plan, spec: TaskSpec, key_fns: dict[str, Callable[[Any], Any]],

@@ -143,13 +143,15 @@ def _spare_core() -> bool:
         return False
 
 
-def start(states: dict[str, Any], mode: str = "auto") -> Encoding:
+def start(states: dict[str, Any], mode: str = "auto", entries: int | None = None) -> Encoding:
     """Begin encoding ``states`` (operator -> state as returned by ``snapshot``), in a
-    forked child or inline as ``mode`` says (see the module docstring). Raises
+    forked child or inline as ``mode`` says (see the module docstring; ``entries``: how
+    many the states hold, if the caller knows better than their lengths). Raises
     OperatorFailure(fatal) at once for an inline state msgpack cannot encode; a forked one
     fails in ``result()``."""
-    fork = mode == "fork" or (mode == "auto" and sum(_entries(s) for s in states.values()) >= AUTO_MIN_ENTRIES
-                              and _spare_core())
+    if entries is None:
+        entries = sum(_entries(s) for s in states.values())
+    fork = mode == "fork" or (mode == "auto" and entries >= AUTO_MIN_ENTRIES and _spare_core())
     if not fork:
         return Inline(_pack_all(states))
     r, w = os.pipe()
@@ -167,11 +169,14 @@ def start(states: dict[str, Any], mode: str = "auto") -> Encoding:
     return Forked(pid, r)
 
 
-def snapshot_file(task: str, checkpoint_id: int, operators: bytes, logs: dict[str, bytes], finished: bool) -> bytes:
+def snapshot_file(task: str, checkpoint_id: int, operators: bytes, logs: dict[str, bytes], finished: bool,
+                  base: int = -1, deltas: list[str] | None = None) -> bytes:
     """A task's state file (read by checkpoint.storage.decode_snapshot): the msgpack map
     {task, checkpoint_id, operators, logs, finished}, with ``operators`` spliced in as the
-    already packed map it is (no second encoding of the state)."""
+    already packed map it is (no second encoding of the state); a delta file also has
+    {base, deltas} (checkpoint/incremental.py)."""
     p = msgpack.Packer(use_bin_type=True)
-    return b"".join([p.pack_map_header(5), p.pack("task"), p.pack(task), p.pack("checkpoint_id"),
+    extra = [p.pack("base"), p.pack(base), p.pack("deltas"), p.pack(deltas)] if deltas else []
+    return b"".join([p.pack_map_header(7 if deltas else 5), p.pack("task"), p.pack(task), p.pack("checkpoint_id"),
                      p.pack(checkpoint_id), p.pack("operators"), operators, p.pack("logs"), p.pack(logs),
-                     p.pack("finished"), p.pack(finished)])
+                     p.pack("finished"), p.pack(finished), *extra])

@@ -27,6 +27,7 @@ from .. import codec, messages
 from ..errors import FencedOut
 from ..plan import TaskSpec
 from . import snapshot_encoding
+from .increments import Increments
 from .alignment import BarrierAligner, Outcome
 from .backedge import BackEdgeLog, Session
 from .channel import InputChannel
@@ -80,6 +81,7 @@ class Task:
         activity: Activity | None = None,
         file_tag: str = "",
         snapshot_encoding_mode: str = "inline",
+        incremental: bool = False,
     ):
         self.spec = spec
         self.op_names = op_names
@@ -116,6 +118,8 @@ class Task:
         #: State files are named <task>.<tag>.state: a stale attempt's writer can never
         #: create or clobber a file this attempt's metadata references.
         self.file_tag = file_tag
+        #: Incremental checkpoints: which file a snapshot builds on (runtime/increments.py).
+        self.increments = Increments(self._all_operators(), incremental)
         self.skippers = [(n, op) for n, op in zip(op_names, ops) if getattr(op, "on_error", "fail") == "skip"]
         if self.back:
             for out in outputs:
@@ -225,8 +229,10 @@ class Task:
                 raise OperatorFailure(name) from e
             finally:
                 self.activity.leave()
+        # Incremental: only the keys changed since the base (built here: O(changes)).
+        base, deltas, entries = self.increments.prepare(checkpoint_id, states)
         # The consistent copy: encoded here if small, else by a forked child (copy-on-write).
-        encoding = snapshot_encoding.start(states, self.encoding_mode)
+        encoding = snapshot_encoding.start(states, self.encoding_mode, entries)
         del states
         sync_ms = (time.perf_counter() - began) * 1000
         if forward and not self.finished:
@@ -237,7 +243,7 @@ class Task:
         if self.blocked_since is not None:
             alignment_ms = (time.perf_counter() - self.blocked_since) * 1000
             self.blocked_since = None
-        payload = (encoding, alignment_ms, self.finished, sync_ms)
+        payload = (encoding, alignment_ms, self.finished, sync_ms, base, deltas, self.increments.known)
         if not forward:
             # Stop-the-world: nothing is in flight (proven by counting), so no back-edge
             # has anything to log, and no barrier will come round to close a session.
@@ -249,15 +255,15 @@ class Task:
             self._write(s)
 
     def _write(self, s: Session) -> None:
-        encoding, alignment_ms, finished, sync_ms = s.payload
+        encoding, alignment_ms, finished, sync_ms, base, deltas, known = s.payload
         logs = {ch: codec.pack(recs) for ch, recs in s.logs.items()}
         task, cid = self.spec.id, s.checkpoint_id
 
         def blob() -> bytes:  # on the writer thread: waits for a forked encoder
-            return snapshot_encoding.snapshot_file(task, cid, encoding.result(), logs, finished)
+            return snapshot_encoding.snapshot_file(task, cid, encoding.result(), logs, finished, base, deltas)
 
         name = f"{self.spec.id}.{self.file_tag}.state" if self.file_tag else f"{self.spec.id}.state"
-        self.writer.submit(s.checkpoint_id, name, blob, alignment_ms, s.logged, finished, sync_ms)
+        self.writer.submit(s.checkpoint_id, name, blob, alignment_ms, s.logged, finished, sync_ms, base, known)
 
     def _release(self, channels: tuple[str, ...]) -> None:
         for cid in channels:
@@ -295,6 +301,7 @@ class Task:
                 {ch.id: ch.records for ch in self.inputs.values()},
             ))
         elif isinstance(msg, messages.NotifyComplete):
+            self.increments.completed(msg.checkpoint_id)
             self._notify_complete(msg.checkpoint_id)
             if msg.final or msg.stop:
                 self.writer.flush()

@@ -35,11 +35,12 @@ class SnapshotWriter:
         self.thread.start()
 
     def submit(self, checkpoint_id: int, name: str, blob: bytes | Callable[[], bytes], alignment_ms: float,
-               logged: int, finished: bool, sync_ms: float = 0.0) -> None:
+               logged: int, finished: bool, sync_ms: float = 0.0, base: int = -1, known: int = -1) -> None:
         """Write ``blob`` (or what ``blob()`` returns, called on this thread: it may wait for a
         forked encoder) as the task's state file, then acknowledge it with the time the
         task thread spent (``sync_ms``) and the time from here to the acknowledgement."""
-        self.jobs.put(_Job(checkpoint_id, name, blob, alignment_ms, logged, finished, sync_ms, time.perf_counter()))
+        self.jobs.put(_Job(checkpoint_id, name, blob, alignment_ms, logged, finished, sync_ms, time.perf_counter(),
+                           base, known))
 
     def flush(self) -> None:
         """Wait until every submitted snapshot is written and acknowledged."""
@@ -62,7 +63,7 @@ class SnapshotWriter:
                 self.control.send(
                     messages.Ack(job.checkpoint_id, self.task, job.name, len(blob), digest, job.alignment_ms,
                                  job.logged, job.finished, job.sync_ms,
-                                 (time.perf_counter() - job.submitted) * 1000)
+                                 (time.perf_counter() - job.submitted) * 1000, job.base, job.known)
                 )
             except BaseException as e:  # noqa: BLE001 - reported to the driver, then the worker dies
                 self.on_error(e)
@@ -80,3 +81,5 @@ class _Job:
     finished: bool
     sync_ms: float
     submitted: float  #: perf_counter() at submit
+    base: int = -1  #: incremental: the checkpoint this file's deltas apply to (-1: full)
+    known: int = -1  #: incremental: the newest completion the task may build on

@@ -113,7 +113,7 @@ class CapturingWriter:
     def __init__(self) -> None:
         self.snapshots: queue.Queue[tuple[int, dict[str, Any], dict[str, list[Any]]]] = queue.Queue()
 
-    def submit(self, cid, name, blob, alignment_ms, logged, finished, sync_ms=0.0) -> None:
+    def submit(self, cid, name, blob, alignment_ms, logged, finished, sync_ms=0.0, base=-1, known=-1) -> None:
         snap = decode_snapshot(blob() if callable(blob) else blob, name)
         states, logs = snap.states, snap.logs
         self.snapshots.put((cid, states, logs))

@@ -1,0 +1,151 @@
+"""Incremental checkpoints: what a delta file holds, how a chain of files is read back, and
+which files retention must keep.
+
+A task's state file may hold, for its keyed operators (those that track the keys they
+change: operators/keyed.py), only the keys changed since the file the task wrote for an
+earlier *completed* checkpoint, its *base*: ``{"upserts": {key: value}, "deletes": {key:
+None}}`` (deletes as a map so that keys decode exactly as the full state's keys do). The
+file then records ``base`` (that checkpoint's id) and ``deltas`` (the operators stored so).
+Other operators (sources, user operators) are written whole in every file.
+
+Invariants:
+- The metadata of checkpoint n lists, per task, the *chain* its state needs: the files,
+  oldest first, from a full file to the base, each a delta on the one before, with size and
+  sha256 like its own files (``ChainRef``). Restoring reads and verifies every file of the
+  chain before decoding any; a corrupt, missing or mislinked one makes the checkpoint
+  unusable and recovery falls back to an older one, as for any other file.
+- Files are shared between checkpoints and reference-counted by the metadata themselves:
+  retention recomputes, at each prune, the files that the retained checkpoints reference
+  (``referenced``), plus those that tasks may still use as a base (the coordinator's
+  ``protected``), and deletes a ``chk-N`` directory only when nothing references it; a
+  referenced one only loses its ``_metadata`` (it is no longer a checkpoint) and its
+  unreferenced files. Counting from what is on disk leaves nothing to get out of step in
+  a crash.
+- Chains stay short: a task writes a full file (compaction by rebasing) after
+  ``MAX_CHAIN`` deltas, when the changes reach half of the state, and for the first
+  snapshot after any start or restore (runtime/increments.py). Savepoints copy the whole
+  chain, so they stay self-contained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from ..errors import CheckpointError, CheckpointErrorReason
+
+if TYPE_CHECKING:
+    from .storage import TaskSnapshotData
+
+MAX_CHAIN = 8  #: deltas on top of a full file before a task writes a full one again
+_R = CheckpointErrorReason
+
+
+@dataclass(frozen=True)
+class ChainRef:
+    """A file of another (earlier) checkpoint that this checkpoint's state needs."""
+
+    checkpoint_id: int
+    file: str
+    size: int
+    sha256: str
+
+    def to_list(self) -> list[Any]:
+        return [self.checkpoint_id, self.file, self.size, self.sha256]
+
+
+def delta(state: dict[Any, Any], changed: Iterable[Any]) -> dict[str, dict[Any, Any]]:
+    """The delta of ``state`` for the keys in ``changed`` (keys set or deleted)."""
+    upserts: dict[Any, Any] = {}
+    deletes: dict[Any, None] = {}
+    for k in changed:
+        if k in state:
+            upserts[k] = state[k]
+        else:
+            deletes[k] = None
+    return {"upserts": upserts, "deletes": deletes}
+
+
+def apply(state: Any, change: Any) -> dict[Any, Any]:
+    """``state`` (decoded, owned by the caller: changed in place) with a decoded delta
+    applied; ValueError if either is not what a delta chain holds."""
+    if state is None:
+        state = {}
+    if not isinstance(state, dict):
+        raise ValueError(f"the state under a delta is a {type(state).__name__}, not a map")
+    if (not isinstance(change, dict) or set(change) != {"upserts", "deletes"}
+            or not isinstance(change["upserts"], dict) or not isinstance(change["deletes"], dict)):
+        raise ValueError("a delta is not {upserts: map, deletes: map}")
+    for k in change["deletes"]:
+        state.pop(k, None)
+    state.update(change["upserts"])
+    return state
+
+
+def resolve(files: list[tuple[int, "TaskSnapshotData"]], shown: str, checkpoint_id: int) -> "TaskSnapshotData":
+    """The task snapshot that a chain of decoded files (storage.TaskSnapshotData, oldest
+    first, the checkpoint's own file last) stands for: every delta applied in order.
+    CORRUPT_STATE if the files do not link up (each delta's base must be the file before)."""
+    from .storage import TaskSnapshotData
+
+    first_id, first = files[0]
+    try:
+        if first.deltas:
+            raise ValueError(f"the chain starts at checkpoint {first_id}'s file, which is itself a delta")
+        states = dict(first.states)
+        prev = first_id
+        for cid, snap in files[1:]:
+            if snap.base != prev:
+                raise ValueError(f"checkpoint {cid}'s file is a delta on {snap.base}, but the chain has {prev}")
+            for name, st in snap.states.items():
+                states[name] = apply(states.get(name), st) if name in snap.deltas else st
+            prev = cid
+    except ValueError as e:
+        raise CheckpointError(_R.CORRUPT_STATE, f"{shown}: the incremental chain does not link up ({e}); the "
+                              "checkpoint is unusable (an older one is used if there is one)", checkpoint_id) from e
+    top = files[-1][1]
+    return TaskSnapshotData({n: states[n] for n in top.states}, top.logs, top.finished)
+
+
+def load_chain(read: Callable[[int, str, int, str], tuple[bytes, str]], checkpoint_id: int,
+               own: tuple[str, int, str], chain: list[ChainRef]) -> "TaskSnapshotData":
+    """A task's resolved snapshot: ``read(cid, file, size, sha256)`` returns the verified
+    bytes of one file (and how it is shown); every file of the chain is read and verified
+    before any is decoded."""
+    from .storage import decode_snapshot
+
+    blobs = []
+    for ref in chain:
+        try:
+            blobs.append((ref.checkpoint_id, *read(ref.checkpoint_id, ref.file, ref.size, ref.sha256)))
+        except CheckpointError as e:
+            if e.reason is _R.UNREACHABLE:
+                raise
+            # Reported as this checkpoint's failure: it is the one that cannot be restored.
+            raise CheckpointError(e.reason, f"checkpoint {checkpoint_id} builds on a file of checkpoint "
+                                  f"{ref.checkpoint_id} (incremental): {e}", checkpoint_id) from e
+    blobs.append((checkpoint_id, *read(checkpoint_id, *own)))
+    snaps = [(cid, decode_snapshot(blob, shown, checkpoint_id)) for cid, blob, shown in blobs]
+    if len(snaps) == 1 and not snaps[0][1].deltas:
+        return snaps[0][1]
+    return resolve(snaps, blobs[-1][2], checkpoint_id)
+
+
+def referenced(metas: Iterable[Any]) -> dict[int, set[str]]:
+    """checkpoint id -> the file names in its directory that the given checkpoints
+    (storage.Metadata) need: their own files and their chains."""
+    out: dict[int, set[str]] = {}
+    for meta in metas:
+        out.setdefault(meta.checkpoint_id, set()).update(e.file for e in meta.tasks.values())
+        for refs in meta.chains.values():
+            for ref in refs:
+                out.setdefault(ref.checkpoint_id, set()).add(ref.file)
+    return out
+
+
+def merge(*needs: dict[int, set[str]]) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for need in needs:
+        for cid, files in need.items():
+            out.setdefault(cid, set()).update(files)
+    return out
