@@ -118,6 +118,7 @@ class RescaleErrorReason(enum.Enum):
     OLD_FORMAT = "old_format"  #: the state was written before it could be rescaled
     REMOVED_OPERATOR = "removed_operator"  #: the checkpoint holds state of an operator the job lacks
     MAX_PARALLELISM = "max_parallelism"  #: more subtasks than key groups, or another key-group count
+    CHANGED_OPERATOR = "changed_operator"  #: an operator of the same name is of another kind now
 
 
 class RescaleError(AbsEngineError):

@@ -24,6 +24,13 @@ class OperatorSpec:
     chain: str
 
 
+def operator_kind(o: OperatorSpec) -> str:
+    """What an operator's state is shaped by: its node kind, its operator (the label without
+    its function) and whether it is keyed, e.g. ``operator count_final keyed``; an operator
+    of the same name but another kind cannot restore the old one's state."""
+    return " ".join([o.kind, o.label.split("(", 1)[0]] + (["keyed"] if o.keyed else []))
+
+
 @dataclass(frozen=True)
 class ChainSpec:
     name: str  #: the head operator's name
@@ -146,7 +153,8 @@ class Plan:
             for op in c.operators:
                 tasks_of[op] = ids
         return {"shape": self.shape(), "operators": tasks_of, "max_parallelism": self.max_parallelism,
-                "keyed": sorted(o.name for o in self.operators if o.keyed)}
+                "keyed": sorted(o.name for o in self.operators if o.keyed),
+                "kinds": {o.name: operator_kind(o) for o in self.operators}}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

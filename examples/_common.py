@@ -23,6 +23,9 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
                     help="encrypt every connection between engine processes (mutual TLS, a per-job certificate)")
     ap.add_argument("--incremental", action="store_true",
                     help="incremental checkpoints: write only the keys changed since an earlier checkpoint")
+    ap.add_argument("--allow-non-restored-state", action="store_true",
+                    help="resume a checkpoint or savepoint of a changed dataflow: operators matched by name, "
+                         "state of removed ones dropped, added ones starting empty")
     ap.add_argument("--restore-from", help="a savepoint to start from (at any parallelism); Ctrl-C or SIGTERM "
                                            "takes one and stops the job")
 
@@ -30,7 +33,8 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
 def executor_options(args: argparse.Namespace) -> dict[str, Any]:
     """flow.run() options for --executor / --spark-master / --tls / --restore-from / --incremental."""
     opts: dict[str, Any] = {"executor": args.executor, "tls": args.tls, "restore_from": args.restore_from,
-                            "incremental_checkpoints": args.incremental}
+                            "incremental_checkpoints": args.incremental,
+                            "allow_non_restored_state": args.allow_non_restored_state}
     if args.spark_master:
         import atexit
 

@@ -31,6 +31,9 @@ class _Keyed(Operator):
     def track_changes(self) -> None:
         self.changed = set()
 
+    def untrack_changes(self) -> None:
+        self.changed = None
+
     def take_changes(self) -> set[Any]:
         changed, self.changed = self.changed or set(), set()
         return changed

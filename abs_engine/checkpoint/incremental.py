@@ -66,6 +66,25 @@ def delta(state: dict[Any, Any], changed: Iterable[Any]) -> dict[str, dict[Any, 
     return {"upserts": upserts, "deletes": deletes}
 
 
+class PendingDelta:
+    """A delta not built yet: the state and the sets of keys changed in each epoch since the
+    base. The encoder builds it (``build``), on the task thread when it encodes inline, in
+    the forked child otherwise, so the task thread's share stays O(1) either way."""
+
+    __slots__ = ("state", "changes")
+
+    def __init__(self, state: dict[Any, Any], changes: list[set[Any]]):
+        self.state = state
+        self.changes = changes
+
+    def __len__(self) -> int:
+        return sum(len(c) for c in self.changes)  # at least the keys in the delta (epochs overlap)
+
+    def build(self) -> dict[str, dict[Any, Any]]:
+        changed = self.changes[0] if len(self.changes) == 1 else set().union(*self.changes)
+        return delta(self.state, changed)
+
+
 def apply(state: Any, change: Any) -> dict[Any, Any]:
     """``state`` (decoded, owned by the caller: changed in place) with a decoded delta
     applied; ValueError if either is not what a delta chain holds."""

@@ -23,26 +23,32 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import RescaleError, RescaleErrorReason
-from ..plan import Plan
+from ..plan import Plan, operator_kind
 from .storage import Metadata
 
 _R = RescaleErrorReason
 
 
-def restore_specs(plan: Plan, meta: Metadata, root: str, max_parallelism: int) -> dict[str, dict[str, Any]]:
-    """task id -> the ``restore`` a worker gets in its Deploy."""
+def restore_specs(plan: Plan, meta: Metadata, root: str, max_parallelism: int,
+                  allow_non_restored_state: bool = False) -> dict[str, dict[str, Any]]:
+    """task id -> the ``restore`` a worker gets in its Deploy. With
+    ``allow_non_restored_state``, a checkpoint of a changed dataflow restores operator by
+    operator, by name: the state of operators the dataflow no longer has is dropped, added
+    operators start empty, an operator whose kind changed is refused."""
     if meta.fingerprint == plan.fingerprint():
         return {t.id: {"checkpoint_id": meta.checkpoint_id, "root": root, "file": meta.tasks[t.id].file,
                        "size": meta.tasks[t.id].size, "sha256": meta.tasks[t.id].sha256,
                        "chain": _chain(meta, t.id)} for t in plan.tasks}
     old_ops: dict[str, list[str]] = meta.layout["operators"]
-    _check(plan, meta, old_ops, max_parallelism)
+    _check(plan, meta, old_ops, max_parallelism, allow_non_restored_state)
     specs: dict[str, dict[str, Any]] = {}
     for task in plan.tasks:
         chain = plan.chain(task.chain)
         operators: dict[str, list[str]] = {}
         changed: list[str] = []
         for op in chain.operators:
+            if op not in old_ops:
+                continue  # added to the dataflow (allow_non_restored_state): starts empty
             olds = old_ops[op]
             if len(olds) == task.parallelism:
                 operators[op] = [olds[task.index]]
@@ -52,7 +58,7 @@ def restore_specs(plan: Plan, meta: Metadata, root: str, max_parallelism: int) -
         # Back-edge logs are kept by the task whose chain head received them: only old tasks
         # headed by this chain's head hold logs for it (a back-edge target is a head in any plan).
         head = chain.operators[0]
-        head_olds = old_ops[head]
+        head_olds = old_ops.get(head, [])
         logs_from = [head_olds[task.index]] if len(head_olds) == task.parallelism else list(head_olds)
         logs_from = [t for t in logs_from if t.rsplit("#", 1)[0] == head]
         needed = sorted({t for ids in operators.values() for t in ids} | set(logs_from))
@@ -64,7 +70,7 @@ def restore_specs(plan: Plan, meta: Metadata, root: str, max_parallelism: int) -
                 "operators": operators,
                 "changed": changed,
                 "logs_from": logs_from,
-                "route_logs": len(head_olds) != task.parallelism,
+                "route_logs": bool(head_olds) and len(head_olds) != task.parallelism,
                 "max_parallelism": max_parallelism,
             },
         }
@@ -76,13 +82,29 @@ def _chain(meta: Metadata, task: str) -> list[list[Any]]:
     return [r.to_list() for r in meta.chains.get(task, [])]
 
 
-def _check(plan: Plan, meta: Metadata, old_ops: dict[str, list[str]], max_parallelism: int) -> None:
+def _check(plan: Plan, meta: Metadata, old_ops: dict[str, list[str]], max_parallelism: int,
+           allow_non_restored_state: bool) -> None:
     names = {o.name for o in plan.operators}
     for op in old_ops:
-        if op not in names:
+        if op not in names and not allow_non_restored_state:
             raise RescaleError(_R.REMOVED_OPERATOR,
                                f"checkpoint {meta.checkpoint_id} holds state of operator {op!r}, which this dataflow "
-                               "does not have: restore it with the dataflow that took it", op)
+                               "does not have: restore it with the dataflow that took it, or pass "
+                               "allow_non_restored_state=True to drop that state", op)
+    if not names & set(old_ops):
+        raise RescaleError(_R.REMOVED_OPERATOR,
+                           f"checkpoint {meta.checkpoint_id} holds state of none of this dataflow's operators "
+                           f"(it has {sorted(old_ops)}): it is another job's; use an empty checkpoint directory")
+    if meta.layout.get("shape") != plan.shape():
+        kinds = meta.layout.get("kinds", {})
+        for o in plan.operators:
+            if o.name in old_ops and kinds.get(o.name) != operator_kind(o):
+                raise RescaleError(_R.CHANGED_OPERATOR,
+                                   f"operator {o.name!r} is a {operator_kind(o)} now, but checkpoint "
+                                   f"{meta.checkpoint_id} holds "
+                                   f"the state of a {kinds.get(o.name, 'operator of an unrecorded kind')} of that "
+                                   "name: its state cannot be restored into it; give the new operator another name "
+                                   "(it then starts empty)", o.name)
     old_max = meta.layout.get("max_parallelism", max_parallelism)
     if old_max != max_parallelism:
         raise RescaleError(_R.MAX_PARALLELISM,

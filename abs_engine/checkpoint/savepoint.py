@@ -54,12 +54,14 @@ def write_savepoint(source: CheckpointStorage, meta: Metadata, directory: str) -
     return dest.shown
 
 
-def load_savepoint(location: str, fingerprint: str, shape: str) -> tuple[CheckpointStorage, Metadata]:
+def load_savepoint(location: str, fingerprint: str, shape: str,
+                   any_shape: bool = False) -> tuple[CheckpointStorage, Metadata]:
     """The savepoint at ``location``, verified (every file), and its storage: a
     CheckpointError (NOT_FOUND, CHECKSUM_MISMATCH, ...) if it is not a usable savepoint of
-    this dataflow (PLAN_MISMATCH for another dataflow; another parallelism is rescaled)."""
+    this dataflow (PLAN_MISMATCH for another dataflow unless ``any_shape``: then operators
+    are restored by name; another parallelism is rescaled)."""
     storage = open_storage(location)
-    meta, skipped = storage.latest_valid(fingerprint, shape=shape)
+    meta, skipped = storage.latest_valid(fingerprint, shape=shape, any_shape=any_shape)
     if meta is None:
         if skipped:
             raise skipped[0]

@@ -439,7 +439,11 @@ def _layout(raw: Any, tasks: dict[str, FileEntry]) -> dict[str, Any]:
     keyed = raw.get("keyed", [])
     if not isinstance(keyed, (list, tuple)) or not all(isinstance(k, str) and k in ops for k in keyed):
         raise ValueError("layout: 'keyed' is not a list of its operators")
-    return {"shape": raw["shape"], "operators": ops, "max_parallelism": max_p, "keyed": list(keyed)}
+    kinds = raw.get("kinds", {})
+    if not isinstance(kinds, dict) or not all(k in ops and isinstance(v, str) for k, v in kinds.items()):
+        raise ValueError("layout: 'kinds' is not a map of its operators to their kinds")
+    return {"shape": raw["shape"], "operators": ops, "max_parallelism": max_p, "keyed": list(keyed),
+            "kinds": dict(kinds)}
 
 
 def encode_metadata(meta: Metadata) -> bytes:
@@ -854,14 +858,17 @@ class CheckpointStorage:
         return meta
 
     def latest_valid(self, fingerprint: str | None = None, job_id: str | None = None,
-                     unusable: dict[int, str] | None = None,
-                     shape: str | None = None) -> tuple[Metadata | None, list[CheckpointError]]:
+                     unusable: dict[int, str] | None = None, shape: str | None = None,
+                     any_shape: bool = False, operators: set[str] | None = None
+                     ) -> tuple[Metadata | None, list[CheckpointError]]:
         """The newest checkpoint that passes verification; the errors of those skipped.
 
         With ``job_id``, a checkpoint taken by another job (a different, non-empty job id)
         is skipped with FOREIGN_JOB. With ``fingerprint``, the newest valid checkpoint of
         another plan shape raises PLAN_MISMATCH, unless ``shape`` is given and equals the
-        checkpoint's (the same dataflow at another parallelism: the caller rescales).
+        checkpoint's (the same dataflow at another parallelism: the caller rescales), or
+        ``any_shape`` (allow_non_restored_state: the caller restores operators by name).
+        ``operators`` (the dataflow's) only make a PLAN_MISMATCH say what changed.
         ``unusable`` (id -> why) are skipped too: checkpoints a worker already failed to restore."""
         skipped: list[CheckpointError] = []
         for cid in reversed(self.completed_ids()):
@@ -885,13 +892,20 @@ class CheckpointStorage:
                 ))
                 continue
             if fingerprint is not None and meta.fingerprint != fingerprint:
-                if shape is not None and meta.layout.get("shape") == shape:
-                    return meta, skipped  # the same dataflow at another parallelism
+                if (shape is not None and meta.layout.get("shape") == shape) or (any_shape and meta.layout):
+                    return meta, skipped  # the same dataflow at another parallelism, or a changed one
+                old = set(meta.layout.get("operators", {}))
+                diff = ""
+                if operators is not None and old and old != operators:
+                    diff = (f"; operators removed: {sorted(old - operators) or 'none'}, "
+                            f"added: {sorted(operators - old) or 'none'}")
                 raise CheckpointError(
                     _R.PLAN_MISMATCH,
                     f"checkpoint {cid} in {self.shown} was taken by a job of another shape "
-                    "(operators or edges changed; a change of parallelism alone is rescaled): restore "
-                    "with the same dataflow, or use an empty checkpoint directory",
+                    f"(operators or edges changed{diff}; a change of parallelism alone is rescaled): restore "
+                    "with the same dataflow, or use an empty checkpoint directory; to restore it into the "
+                    "changed dataflow on purpose (operators matched by name, state of removed ones dropped, "
+                    "added ones starting empty) pass allow_non_restored_state=True",
                     cid,
                 )
             return meta, skipped

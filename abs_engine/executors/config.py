@@ -61,6 +61,10 @@ class JobConfig:
         full file is written every 8 checkpoints, when half of a state changed, and after a
         restore (checkpoint/incremental.py). Checkpoint bytes then follow the changes, not
         the size of the state; a restore reads the chain.
+    allow_non_restored_state: restore a checkpoint or savepoint of a *changed* dataflow (as
+        Flink's flag): operators are matched by name; the state of operators the dataflow no
+        longer has is dropped, added operators start empty, an operator whose kind changed
+        is refused (RescaleError). Off: a changed dataflow is refused (PLAN_MISMATCH).
     restore_from: a savepoint (a directory abs-engine wrote, or its URI) to start from when
         the checkpoint directory holds no checkpoint of the job yet; at another parallelism
         it is rescaled. A corrupt or foreign savepoint is a CheckpointError, never a fresh
@@ -94,6 +98,7 @@ class JobConfig:
     tls: bool = False
     snapshot_encoding: str = "auto"
     incremental_checkpoints: bool = False
+    allow_non_restored_state: bool = False
     restore_from: str | None = None
     savepoint_dir: str | None = None
     stop_with_savepoint_on_signal: bool = True

@@ -222,7 +222,8 @@ class JobMaster:
         try:
             while True:
                 meta, skipped = storage.latest_valid(self.fingerprint, job_id=self.job_id or None, shape=self.shape,
-                                                     unusable=self.unusable)
+                                                     unusable=self.unusable, any_shape=cfg.allow_non_restored_state,
+                                                     operators={o.name for o in self.plan.operators})
                 if not self.job_id:
                     self.job_id = (meta.job_id if meta is not None and meta.job_id else uuid.uuid4().hex[:16])
                     self.result.job_id = self.job_id
@@ -234,7 +235,8 @@ class JobMaster:
                 restore_root = storage.root
                 if meta is None and cfg.restore_from:
                     # Nothing of this job's own yet: start from the savepoint (verified, every file).
-                    sp_storage, meta = load_savepoint(cfg.restore_from, self.fingerprint, self.shape)
+                    sp_storage, meta = load_savepoint(cfg.restore_from, self.fingerprint, self.shape,
+                                                      cfg.allow_non_restored_state)
                     restore_root = sp_storage.root
                     if not self.job_id:
                         self.job_id = meta.job_id or uuid.uuid4().hex[:16]
@@ -293,8 +295,13 @@ class JobMaster:
         self.consecutive_expired = 0
         token = f"{self.job_id}/{self.run_nonce}/{gen}"
         # What each task restores (same plan: its own file; another parallelism: rescaled).
-        restores = {} if meta is None else restore_specs(self.plan, meta, restore_root, self.max_parallelism)
-        if meta is not None and meta.fingerprint != self.fingerprint:
+        restores = {} if meta is None else restore_specs(self.plan, meta, restore_root, self.max_parallelism,
+                                                         cfg.allow_non_restored_state)
+        if meta is not None and meta.layout.get("shape") != self.shape:
+            old, new = set(meta.layout.get("operators", {})), {o.name for o in self.plan.operators}
+            self._log(f"restoring checkpoint {meta.checkpoint_id} into a changed dataflow (allow_non_restored_state): "
+                      f"state dropped for {sorted(old - new) or 'none'}, starting empty: {sorted(new - old) or 'none'}")
+        elif meta is not None and meta.fingerprint != self.fingerprint:
             self._log(f"restoring checkpoint {meta.checkpoint_id} at the job's new parallelism (rescaling)")
         killed = fence.advance(self.control_dir, token)
         if killed:

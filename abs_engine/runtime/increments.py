@@ -1,75 +1,95 @@
 """A task's side of incremental checkpoints: which file a snapshot builds on, and which
 keys it must write (the format and the chain rules: checkpoint/incremental.py).
 
-An operator takes part if it tracks the keys it changes (operators/keyed.py's
-``track_changes`` / ``take_changes``) and its state is a map; everything else is written
-whole. Invariants:
+An operator can take part if it tracks the keys it changes (operators/keyed.py's
+``track_changes`` / ``take_changes``) and its state is a map; it starts tracking at the
+first snapshot that finds its state at least MIN_STATE keys large (a small state is
+cheaper written whole than tracked). Everything else is written whole. Invariants:
 - A delta is only ever written on a file of this task for a checkpoint that the
   coordinator has *completed* and told this task of (``completed``), in this attempt: its
   files are committed, and the coordinator protects them from retention from the moment
   this task reports it knows of them (``known`` in every acknowledgement) on.
 - The keys a delta on base b holds are those changed in every epoch after b (an epoch:
   the records between two snapshots), so a snapshot whose base completes late is still
-  exact; epochs at or before the newest completed base are dropped.
+  exact; an operator that began tracking after b is written whole; epochs at or before
+  the newest completed base are dropped.
 - A full file is written for the first snapshot of an attempt (after a restore or a
-  rescale, nothing of this attempt is committed to build on), after MAX_CHAIN deltas, and
-  for an operator whose changes reach half of its state (a delta that large saves nothing).
+  rescale nothing of this attempt is committed to build on) and after ``max_chain``
+  deltas; an operator whose changes exceed MAX_CHANGED of its state is written whole and
+  stops tracking for PAUSE snapshots (its workload touches too much of its state for
+  deltas to pay), then tries again.
+- The task thread does O(1) per operator: the delta is built by the encoder
+  (``PendingDelta``), in the forked child when the snapshot is forked.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..checkpoint.incremental import MAX_CHAIN, delta
+from ..checkpoint.incremental import MAX_CHAIN, PendingDelta
 
-MIN_FULL = 1024  #: a state smaller than this is written as a delta however much of it changed
+MIN_STATE = 1024  #: an operator starts tracking changes once its state has this many keys
+#: A delta is written only while its changes are at most this share of the state. Above it
+#: the full state is cheaper: a delta reads its keys from the state in random order (about
+#: ten times the cost per key of encoding the state in order, benchmarks/results/
+#: incremental.md), and tracking the changes costs a set insertion per record.
+MAX_CHANGED = 1 / 8
+PAUSE = 8  #: snapshots an operator stops tracking for after its changes exceeded MAX_CHANGED
+DELTA_COST = 10  #: a delta's key costs about this many state entries to encode (for auto fork)
 
 
 class Increments:
     """Per task: the epochs of changed keys, the files written, the base to build on."""
 
     def __init__(self, operators: list[tuple[str, Any]], enabled: bool, max_chain: int = MAX_CHAIN):
-        self.tracked: dict[str, Any] = {}
+        self.candidates: dict[str, Any] = {}
         if enabled:
-            for name, op in operators:
-                if callable(getattr(op, "track_changes", None)) and callable(getattr(op, "take_changes", None)):
-                    op.track_changes()
-                    self.tracked[name] = op
+            self.candidates = {name: op for name, op in operators
+                               if all(callable(getattr(op, m, None))
+                                      for m in ("track_changes", "take_changes", "untrack_changes"))}
         self.max_chain = max_chain
         #: The newest completed checkpoint this task was told of (0: none; -1: no deltas ever).
-        self.known = 0 if self.tracked else -1
+        self.known = 0 if self.candidates else -1
         self.written: dict[int, int] = {}  #: checkpoint id -> deltas under its file (0: a full file)
-        self.epochs: dict[str, list[tuple[int, set[Any]]]] = {name: [] for name in self.tracked}
+        self.since: dict[str, int] = {}  #: operator -> the snapshot after which its changes are tracked
+        self.resume_at: dict[str, int] = {}  #: operator -> the snapshot from which it may track again
+        self.epochs: dict[str, list[tuple[int, set[Any]]]] = {}
 
     def prepare(self, checkpoint_id: int, states: dict[str, Any]) -> tuple[int, list[str], int]:
         """Turn ``states`` (operator -> snapshot()) into what snapshot ``checkpoint_id``
-        writes: deltas replace the states of operators written incrementally. Returns the
-        base (-1: a full file), the operators written as deltas, and the number of entries
-        to encode (for the encoder's choice of fork or inline)."""
-        for name, op in self.tracked.items():
-            self.epochs[name].append((checkpoint_id, op.take_changes()))
+        writes: pending deltas replace the states of operators written incrementally.
+        Returns the base (-1: a full file), the operators written as deltas, and the number
+        of entries to encode (for the encoder's choice of fork or inline)."""
+        for name, op in self.candidates.items():
+            if name in self.since:
+                self.epochs[name].append((checkpoint_id, op.take_changes()))
+            elif (isinstance(states.get(name), dict) and len(states[name]) >= MIN_STATE
+                  and checkpoint_id >= self.resume_at.get(name, 0)):
+                op.track_changes()  # changes after this snapshot: the next can be a delta on it
+                self.since[name], self.epochs[name] = checkpoint_id, []
         base = self.known if self.known in self.written else -1
-        if base < 0 or self.written[base] >= self.max_chain:
-            self.written[checkpoint_id] = 0
-            return -1, [], _entries(states, [])
         deltas: list[str] = []
-        for name in self.tracked:
-            state = states.get(name)
-            if not isinstance(state, dict):
-                continue
-            changed: set[Any] = set()
-            for cid, keys in self.epochs[name]:
-                if cid > base:
-                    changed |= keys
-            if len(changed) * 2 >= len(state) and len(state) >= MIN_FULL:
-                continue  # most of it changed: write it whole
-            states[name] = delta(state, changed)
-            deltas.append(name)
-        if not deltas:
-            self.written[checkpoint_id] = 0
-            return -1, [], _entries(states, [])
-        self.written[checkpoint_id] = self.written[base] + 1
-        return base, deltas, _entries(states, deltas)
+        entries = 0
+        if base >= 0 and self.written[base] < self.max_chain:
+            for name, since in list(self.since.items()):
+                state = states.get(name)
+                if since > base or not isinstance(state, dict):
+                    continue
+                pending = PendingDelta(state, [keys for cid, keys in self.epochs[name] if cid > base])
+                if len(pending) > MAX_CHANGED * len(state):
+                    self._pause(name, checkpoint_id)  # written whole
+                    continue
+                states[name] = pending
+                deltas.append(name)
+                entries += len(pending) * DELTA_COST
+        self.written[checkpoint_id] = self.written[base] + 1 if deltas else 0
+        entries += sum(_entries(s) for n, s in states.items() if n not in deltas)
+        return (base if deltas else -1), deltas, entries
+
+    def _pause(self, name: str, checkpoint_id: int) -> None:
+        self.candidates[name].untrack_changes()
+        del self.since[name], self.epochs[name]
+        self.resume_at[name] = checkpoint_id + PAUSE
 
     def completed(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete: build on its file from now on."""
@@ -82,14 +102,8 @@ class Increments:
             self.epochs[name] = [(c, k) for c, k in epochs if c > checkpoint_id]
 
 
-def _entries(states: dict[str, Any], deltas: list[str]) -> int:
-    n = 0
-    for name, s in states.items():
-        if name in deltas:
-            n += len(s["upserts"]) + len(s["deletes"])
-            continue
-        try:
-            n += len(s)
-        except TypeError:
-            n += 1
-    return n
+def _entries(state: Any) -> int:
+    try:
+        return len(state)
+    except TypeError:
+        return 1

@@ -44,7 +44,7 @@ def load(restore: dict[str, Any], plan: Plan, spec: TaskSpec, operators: dict[st
     # what finish() emitted is past the cut already). Some had: only an operator whose old
     # subtasks hold nothing keyed (a source has no splits left, a stateless one no keys)
     # can be rebuilt, or finish() would emit again what the finished ones emitted.
-    finished = all(s.finished for s in snaps.values())
+    finished = bool(snaps) and all(s.finished for s in snaps.values())
     states: dict[str, Any] = {}
     for name, olds in r["operators"].items():
         old_states = [snaps[t].states.get(name) for t in olds]

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from ..checkpoint.incremental import PendingDelta
 from ..errors import SerializationError
 from .output import OperatorFailure
 
@@ -69,6 +70,8 @@ def _pack_all(states: dict[str, Any]) -> bytes:
     whose state msgpack cannot encode."""
     packed: dict[str, bytes] = {}
     for name, state in states.items():
+        if isinstance(state, PendingDelta):
+            state = state.build()  # incremental: only the changed keys (here, or in the child)
         try:
             packed[name] = msgpack.packb(state, use_bin_type=True)
         except _ENCODE_ERRORS as e:

@@ -28,7 +28,7 @@ from abs_engine.checkpoint.storage import (
 )
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
 from abs_engine.runtime import snapshot_encoding
-from abs_engine.runtime.increments import Increments
+from abs_engine.runtime.increments import PAUSE, Increments
 from operators.keyed import Count
 
 R = CheckpointErrorReason
@@ -126,7 +126,7 @@ def test_a_delta_is_relative_to_the_newest_completed_base_even_when_completions_
     assert task.snapshot(4).base == 3
 
 
-def test_a_full_file_after_max_chain_deltas_and_when_half_the_state_changed(tmp_path):
+def test_a_full_file_after_max_chain_deltas_and_when_too_much_of_the_state_changed(tmp_path):
     root = str(tmp_path / "ck")
     os.makedirs(root)
     task = SimTask("t", root)
@@ -138,8 +138,18 @@ def test_a_full_file_after_max_chain_deltas_and_when_half_the_state_changed(tmp_
         bases.append(task.snapshot(cid).base)
         task.inc.completed(cid)
     assert bases == [-1, 1, 2, 3, -1, 5, 6]
-    task.process(list(range(2500)))  # more than half of the state
+    task.inc.completed(7)
+    task.process(list(range(600)))  # more than an eighth of the state: written whole...
     assert task.snapshot(8).base == -1
+    task.inc.completed(8)
+    assert task.op.changed is None  # ...and tracking pauses: it did not pay
+    for cid in range(9, 9 + PAUSE):
+        task.process([cid])
+        assert task.snapshot(cid).base == -1
+        task.inc.completed(cid)
+    assert task.op.changed is not None  # tracking again from snapshot 8 + PAUSE on
+    task.process([1])
+    assert task.snapshot(9 + PAUSE).base == 8 + PAUSE
 
 
 # ---- metadata, verification, fallback -----------------------------------------------------------

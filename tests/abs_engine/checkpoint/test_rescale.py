@@ -87,3 +87,43 @@ def test_logs_come_only_from_old_tasks_headed_by_the_same_operator():
     assert r["operators"]["sink"] == ["count#0"] and r["logs_from"] == []  # count#0's logs are count's
     count_tasks = [t.id for t in new.tasks if t.chain == "count"]
     assert all(specs[t]["rescale"]["logs_from"] == ["count#0"] for t in count_tasks)
+
+
+def test_a_changed_dataflow_is_refused_naming_the_removed_operator_and_the_flag():
+    old = plan(2, extra_map=True)
+    with pytest.raises(RescaleError) as info:
+        restore_specs(plan(2), meta_of(old), "/ck", 128)
+    assert info.value.reason is RescaleErrorReason.REMOVED_OPERATOR and info.value.operator == "upper"
+    assert "allow_non_restored_state=True" in str(info.value)
+
+
+@pytest.mark.parametrize("before,after", [(2, 2), (2, 3)])
+def test_allow_non_restored_state_drops_removed_operators_and_starts_added_ones_empty(before, after):
+    # Removed: "upper" (its state is dropped). Then added back: it starts empty.
+    specs = restore_specs(plan(after), meta_of(plan(before, extra_map=True)), "/ck", 128,
+                          allow_non_restored_state=True)
+    for s in specs.values():
+        assert "upper" not in s["rescale"]["operators"]
+        assert not any(t.startswith("upper#") for t in s["rescale"]["files"])
+    specs = restore_specs(plan(after, extra_map=True), meta_of(plan(before)), "/ck", 128,
+                          allow_non_restored_state=True)
+    restored = {op for s in specs.values() for op in s["rescale"]["operators"]}
+    assert "upper" not in restored and {"src", "split", "count", "sink"} <= restored
+
+
+def test_an_operator_whose_kind_changed_is_refused_even_when_allowed():
+    old = plan(2)
+    flow = Dataflow("wc", parallelism=2)
+    s = flow.source(TestingSource(["a b"]), name="src").flat_map(str.split, name="split")
+    s.map(str.upper, name="count").sink(FileSink("/nonexistent/out"), name="sink", parallelism=1)
+    with pytest.raises(RescaleError) as info:
+        restore_specs(flow.compile(), meta_of(old), "/ck", 128, allow_non_restored_state=True)
+    assert info.value.reason is RescaleErrorReason.CHANGED_OPERATOR and info.value.operator == "count"
+
+
+def test_a_checkpoint_with_no_operator_in_common_is_refused_even_when_allowed():
+    flow = Dataflow("other", parallelism=1)
+    flow.source(TestingSource([1]), name="numbers").sink(FileSink("/nonexistent/o"), name="out")
+    with pytest.raises(RescaleError) as info:
+        restore_specs(flow.compile(), meta_of(plan(2)), "/ck", 128, allow_non_restored_state=True)
+    assert "none of this dataflow's operators" in str(info.value)

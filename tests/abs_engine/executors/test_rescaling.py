@@ -104,3 +104,37 @@ def test_pipeline_resumed_at_another_parallelism_emits_every_record_once(tmp_pat
                                        restart_delay=0)
     assert res.restored_from[0] == max(c.checkpoint_id for c in first.checkpoints)
     assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
+
+
+def audited(records: list[int], sink: CapturingSink, audit: CapturingSink | None, parallelism: int,
+            batch_size: int = 100) -> Dataflow:
+    """A count per key, and (when ``audit`` is given) a second keyed branch with a sink of its own."""
+    f = Dataflow("audited", parallelism=parallelism)
+    src = f.source(TestingSource(records, batch_size=batch_size), name="source")
+    src.key_by(lambda x: x % 1000).count(name="count").sink(sink, name="sink", parallelism=1)
+    if audit is not None:
+        src.filter(lambda x: x % 7 == 0, name="sevens").key_by().count(name="audit").sink(
+            audit, name="audit_sink", parallelism=1)
+    return f
+
+
+@pytest.mark.parametrize("after", [2, 3])
+def test_a_branch_removed_with_allow_non_restored_state_keeps_the_rest_exact(tmp_path, after):
+    records, ck = list(range(300_000)), str(tmp_path / "ck")
+    sink, audit = CapturingSink(tmp_path / "out"), CapturingSink(tmp_path / "audit")
+    first = audited(records, sink, audit, 2, batch_size=20).run(
+        checkpoint_interval=0.02, checkpoint_dir=ck, stop_when=lambda r: len(r.checkpoints) >= 2)
+    assert first.cancelled
+    with pytest.raises(Exception) as info:  # the audit branch's state has nowhere to go
+        audited(records, sink, None, after).run(checkpoint_dir=ck, resume=True, restart_attempts=0)
+    assert "audit" in str(info.value) and "allow_non_restored_state" in str(info.value)
+    res = audited(records, sink, None, after).run(checkpoint_dir=ck, resume=True, allow_non_restored_state=True,
+                                                  checkpoint_interval=0.05,
+                                                  chaos=KillOnCheckpoints([1], seed=after), restart_delay=0)
+    assert res.restored_from[0] == max(c.checkpoint_id for c in first.checkpoints)
+    seen: collections.Counter[int] = collections.Counter()
+    oracle: collections.Counter[tuple[int, int]] = collections.Counter()
+    for x in records:
+        seen[x % 1000] += 1
+        oracle[(x % 1000, seen[x % 1000])] += 1
+    assert collections.Counter(tuple(r) for r in sink.records()) == oracle
