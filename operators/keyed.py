@@ -5,11 +5,13 @@ Running variants emit ``(key, value)`` for every input record; ``*Final`` varian
 ``(key, value)`` once per key at end of input (bounded jobs).
 
 Incremental checkpoints (checkpoint/incremental.py): once the runtime calls
-``track_changes``, every key a batch touches is added to ``changed`` (one C-level
-``set.update`` per batch), and ``take_changes`` hands the set over at each snapshot. A key
-in it whose value is unchanged costs a few bytes in the delta, never a wrong answer; a
-key changed but missing from it would be lost, so every write to ``state`` must go
-through a batch's keys.
+``track_changes``, the running variants record each key's latest value in ``changed`` (a
+dict updated from the batch's output pairs: one C-level ``dict.update`` per batch, no
+per-record cost) and the final variants the keys a batch touches (a set, one
+``set.update``); ``take_changes`` hands it over at each snapshot. Invariant: every write
+to ``state`` is reflected in ``changed`` by the end of the batch (a value recorded is the
+value the state holds; a key recorded but unchanged costs a few bytes, never a wrong
+answer); nothing is ever deleted from a state here.
 """
 
 from __future__ import annotations
@@ -23,27 +25,32 @@ KeyFn = Callable[[Any], Any] | None
 
 
 class _Keyed(Operator):
+    #: Incremental checkpoints: track key -> value (from the output pairs) instead of keys.
+    TRACKS_VALUES = False
+
     def __init__(self, key_fn: KeyFn = None):
         self.key_fn = key_fn
         self.state: dict[Any, Any] = {}
-        self.changed: set[Any] | None = None  #: keys touched since take_changes (None: not tracked)
+        #: Changed since take_changes: key -> value (TRACKS_VALUES) or keys; None: not tracked.
+        self.changed: dict[Any, Any] | set[Any] | None = None
 
     def track_changes(self) -> None:
-        self.changed = set()
+        self.changed = {} if self.TRACKS_VALUES else set()
 
     def untrack_changes(self) -> None:
         self.changed = None
 
-    def take_changes(self) -> set[Any]:
-        changed, self.changed = self.changed or set(), set()
-        return changed
+    def take_changes(self) -> dict[Any, Any] | set[Any]:
+        changed = self.changed
+        self.track_changes()
+        return changed if changed is not None else self.changed  # type: ignore[return-value]
 
     def keys_of(self, batch: list[Any]) -> list[Any]:
         if self.key_fn is None:
             keys = batch
         else:
             keys = self._apply_key_fn(batch)
-        if self.changed is not None:
+        if self.changed.__class__ is set:
             self.changed.update(keys)
         return keys
 
@@ -67,7 +74,7 @@ class _Keyed(Operator):
     def restore(self, state: Any) -> None:
         self.state = dict(state)
         if self.changed is not None:
-            self.changed = set()
+            self.track_changes()
 
     def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Callable[[Any], bool]) -> Any:
         """The keys of every old subtask whose key group the new subtask owns (the old
@@ -82,6 +89,8 @@ class _Keyed(Operator):
 class Count(_Keyed):
     """Running count per key: emits (key, count so far) for every record."""
 
+    TRACKS_VALUES = True
+
     def process(self, batch: list[Any]) -> list[Any]:
         state = self.state
         out = []
@@ -89,6 +98,8 @@ class Count(_Keyed):
             c = state.get(k, 0) + 1
             state[k] = c
             out.append((k, c))
+        if self.changed is not None:
+            self.changed.update(out)  # the last pair of a key is its value
         return out
 
 
@@ -109,7 +120,7 @@ class CountFinal(_Keyed):
     def restore(self, state: Any) -> None:
         self.state = Counter(dict(state))
         if self.changed is not None:
-            self.changed = set()
+            self.track_changes()
 
 
 class Reduce(_Keyed):
@@ -118,6 +129,8 @@ class Reduce(_Keyed):
     If ``fn`` raises, the state of that key is unchanged (provided ``fn`` does not mutate the
     accumulator in place before raising): with on_error="fail" (default) the task fails naming
     the record, with on_error="skip" the record is dropped and reported."""
+
+    TRACKS_VALUES = True
 
     def __init__(self, fn: Callable[[Any, Any], Any], key_fn: KeyFn = None, on_error: str = "fail"):
         super().__init__(key_fn)
@@ -141,11 +154,15 @@ class Reduce(_Keyed):
                 continue
             state[k] = acc
             out.append((k, acc))
+        if self.changed is not None:
+            self.changed.update(out)  # the last pair of a key is its value
         return out
 
 
 class ReduceFinal(Reduce):
     """Reduce per key for bounded input: emits (key, acc) per key at end of input."""
+
+    TRACKS_VALUES = False  #: emits nothing per record: tracks the keys it touches
 
     def process(self, batch: list[Any]) -> list[Any]:
         state, fn = self.state, self.fn

@@ -213,13 +213,16 @@ class SparkSource(Source):
         self.mine = [p for p in range(self.num_partitions) if p % ctx.parallelism == ctx.subtask_index]
         self.next = 0  #: index into self.mine
         self.rows = 0  #: rows of self.mine[self.next] already emitted
+        #: Partitions of self.mine that start past their first row (dealt out part-read by a
+        #: rescale): partition -> rows already emitted before it came here.
+        self.first_rows: dict[int, int] = {}
         self._streams: dict[int, _PartitionStream] = {}
 
     def _stream(self, i: int) -> "_PartitionStream":
         s = self._streams.get(i)
         if s is None:
             assert self.address is not None and self.secret is not None
-            start = self.rows if i == self.next else 0
+            start = self.rows if i == self.next else self.first_rows.get(self.mine[i], 0)
             request = [self.source_id, self.fingerprint, self.mine[i], start]
             if self.ctx.tls:  # the job encrypts its connections: this one too
                 assert self.tls_address is not None and self.tls is not None
@@ -240,7 +243,7 @@ class SparkSource(Source):
             current.close()
             del self._streams[self.next]
             self.next += 1
-            self.rows = 0
+            self.rows = self.first_rows.get(self.mine[self.next], 0) if self.next < len(self.mine) else 0
             return []
         self.rows += batch.num_rows
         if self.column is not None:
@@ -254,19 +257,44 @@ class SparkSource(Source):
         self._streams = {}
 
     def snapshot(self, checkpoint_id: int) -> Any:
+        # "todo": the partitions left, each with the rows of it already emitted (what a
+        # restore resumes and a rescale deals out); "next"/"rows" for `checkpoints show`.
+        todo = [[p, self.rows if i == self.next else self.first_rows.get(p, 0)]
+                for i, p in enumerate(self.mine) if i >= self.next]
         return {"fingerprint": self.fingerprint, "partitions": self.num_partitions,
-                "next": self.next, "rows": self.rows}
+                "next": self.next, "rows": self.rows, "todo": todo}
+
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Any) -> Any:
+        """The partitions (and rows of them) every old subtask had left, pooled and dealt
+        out round robin: each goes to exactly one new subtask, from the row it had reached."""
+        from abs_engine.errors import RescaleError, RescaleErrorReason
+
+        if any(not isinstance(s, dict) or "todo" not in s for s in old):
+            raise RescaleError(RescaleErrorReason.OLD_FORMAT,
+                               f"source {self.ctx.operator!r}: the checkpoint's offsets were written before Spark "
+                               "sources could be rescaled: resume at the parallelism it ran with", self.ctx.operator)
+        pooled = [list(t) for s in old for t in s["todo"]]
+        return {"fingerprint": old[0]["fingerprint"], "partitions": old[0]["partitions"],
+                "todo": pooled[index::parallelism]}
 
     def restore(self, state: Any) -> None:
         if state["fingerprint"] != self.fingerprint:
             why = (f"it had {state['partitions']} partitions, now {self.num_partitions}"
                    if state["partitions"] != self.num_partitions else "its input files or schema changed")
             raise SourceChangedError(
-                f"the checkpoint's offset (partition {state['next']}, row {state['rows']}) no longer matches "
+                f"the checkpoint's read position ({state.get('todo', [])[:3]!r}: partition, rows read) no longer matches "
                 f"the DataFrame: {why}. Restore with the same input, or start afresh in an empty checkpoint dir"
             )
         self._close()
-        self.next, self.rows = int(state["next"]), int(state["rows"])
+        if "todo" not in state:  # written before "todo" existed: this subtask's partitions as dealt at open()
+            self.next, self.rows = int(state["next"]), int(state["rows"])
+            return
+        # The partitions left (after a rescale: those this subtask was dealt), each from the
+        # row it had reached: never the round robin of open(), which a rescale changed.
+        todo = [(int(p), int(r)) for p, r in state["todo"]]
+        self.mine, self.next = [p for p, _ in todo], 0
+        self.first_rows = {p: r for p, r in todo if r}
+        self.rows = todo[0][1] if todo else 0
 
     def close(self) -> None:
         self._close()

@@ -67,20 +67,34 @@ def delta(state: dict[Any, Any], changed: Iterable[Any]) -> dict[str, dict[Any, 
 
 
 class PendingDelta:
-    """A delta not built yet: the state and the sets of keys changed in each epoch since the
-    base. The encoder builds it (``build``), on the task thread when it encodes inline, in
-    the forked child otherwise, so the task thread's share stays O(1) either way."""
+    """A delta not built yet: the state and what changed in each epoch since the base,
+    either key -> value maps (operators that record values: the delta is their merge, read
+    in order, never looked up in the state) or key sets (the values are looked up). The
+    encoder builds it (``build``), on the task thread when it encodes inline, in the forked
+    child otherwise, so the task thread's share stays O(1) either way."""
 
     __slots__ = ("state", "changes")
 
-    def __init__(self, state: dict[Any, Any], changes: list[set[Any]]):
+    def __init__(self, state: dict[Any, Any], changes: list[Any]):
         self.state = state
         self.changes = changes
+
+    @property
+    def values(self) -> bool:
+        """The changes carry their values (no lookups in the state)."""
+        return bool(self.changes) and isinstance(self.changes[0], dict)
 
     def __len__(self) -> int:
         return sum(len(c) for c in self.changes)  # at least the keys in the delta (epochs overlap)
 
     def build(self) -> dict[str, dict[Any, Any]]:
+        if self.values:
+            if len(self.changes) == 1:
+                return {"upserts": self.changes[0], "deletes": {}}
+            merged: dict[Any, Any] = {}
+            for c in self.changes:  # oldest first: a later epoch's value wins
+                merged.update(c)
+            return {"upserts": merged, "deletes": {}}
         changed = self.changes[0] if len(self.changes) == 1 else set().union(*self.changes)
         return delta(self.state, changed)
 

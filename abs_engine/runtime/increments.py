@@ -15,7 +15,7 @@ cheaper written whole than tracked). Everything else is written whole. Invariant
   the newest completed base are dropped.
 - A full file is written for the first snapshot of an attempt (after a restore or a
   rescale nothing of this attempt is committed to build on) and after ``max_chain``
-  deltas; an operator whose changes exceed MAX_CHANGED of its state is written whole and
+  deltas; an operator whose changes exceed MAX_CHANGED_* of its state is written whole and
   stops tracking for PAUSE snapshots (its workload touches too much of its state for
   deltas to pay), then tries again.
 - The task thread does O(1) per operator: the delta is built by the encoder
@@ -29,13 +29,16 @@ from typing import Any
 from ..checkpoint.incremental import MAX_CHAIN, PendingDelta
 
 MIN_STATE = 1024  #: an operator starts tracking changes once its state has this many keys
-#: A delta is written only while its changes are at most this share of the state. Above it
-#: the full state is cheaper: a delta reads its keys from the state in random order (about
-#: ten times the cost per key of encoding the state in order, benchmarks/results/
-#: incremental.md), and tracking the changes costs a set insertion per record.
-MAX_CHANGED = 1 / 8
-PAUSE = 8  #: snapshots an operator stops tracking for after its changes exceeded MAX_CHANGED
-DELTA_COST = 10  #: a delta's key costs about this many state entries to encode (for auto fork)
+#: A delta is written only while its changes are at most this share of the state; above
+#: it the full state is as cheap to write and cheaper to restore. Operators that record
+#: their changed values (count, reduce) hand over a map that is encoded in order, as the
+#: state is: half. Those that record keys only (the final variants) make the delta look
+#: each key up in the state in random order, about ten times the cost per key of encoding
+#: the state in order (benchmarks/results/incremental.md): an eighth.
+MAX_CHANGED_VALUES = 1 / 2
+MAX_CHANGED_KEYS = 1 / 8
+PAUSE = 8  #: snapshots an operator stops tracking for after its changes exceeded the limit
+KEY_COST = 10  #: a looked-up key costs about this many entries to encode (for auto's fork choice)
 
 
 class Increments:
@@ -53,7 +56,7 @@ class Increments:
         self.written: dict[int, int] = {}  #: checkpoint id -> deltas under its file (0: a full file)
         self.since: dict[str, int] = {}  #: operator -> the snapshot after which its changes are tracked
         self.resume_at: dict[str, int] = {}  #: operator -> the snapshot from which it may track again
-        self.epochs: dict[str, list[tuple[int, set[Any]]]] = {}
+        self.epochs: dict[str, list[tuple[int, Any]]] = {}  #: per epoch: key -> value, or keys
 
     def prepare(self, checkpoint_id: int, states: dict[str, Any]) -> tuple[int, list[str], int]:
         """Turn ``states`` (operator -> snapshot()) into what snapshot ``checkpoint_id``
@@ -76,12 +79,12 @@ class Increments:
                 if since > base or not isinstance(state, dict):
                     continue
                 pending = PendingDelta(state, [keys for cid, keys in self.epochs[name] if cid > base])
-                if len(pending) > MAX_CHANGED * len(state):
+                if len(pending) > (MAX_CHANGED_VALUES if pending.values else MAX_CHANGED_KEYS) * len(state):
                     self._pause(name, checkpoint_id)  # written whole
                     continue
                 states[name] = pending
                 deltas.append(name)
-                entries += len(pending) * DELTA_COST
+                entries += len(pending) * (1 if pending.values else KEY_COST)
         self.written[checkpoint_id] = self.written[base] + 1 if deltas else 0
         entries += sum(_entries(s) for n, s in states.items() if n not in deltas)
         return (base if deltas else -1), deltas, entries

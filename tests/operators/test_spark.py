@@ -86,6 +86,45 @@ def test_resume_from_a_middle_offset_reads_only_what_it_must(spark, text_dir):
         src.driver_stop()
 
 
+@pytest.mark.parametrize("before,after", [(2, 3), (3, 1), (1, 4)])
+def test_rescaled_offsets_read_every_row_exactly_once(spark, text_dir, before, after):
+    """Old subtasks read different amounts, snapshot; their partitions left (one part-read
+    each) are dealt out to the new subtasks, which together read every other row once."""
+    src = SparkSource.text(text_dir, spark=spark)
+    src.check()
+    src.driver_start()
+    try:
+        all_rows = [r[0] for r in src._served.collect()]
+        read: list[str] = []
+        old = []
+        for i in range(before):
+            w = cloudpickle.loads(cloudpickle.dumps(src))
+            w.open(OperatorContext("read", i, before, 0, False))
+            for _ in range(3 + 2 * i):  # part of a partition, or more
+                b = w.read_batch()
+                if b is None:
+                    break
+                read += b
+            old.append(w.snapshot(1))
+            w.close()
+        assert 0 < len(read) < len(all_rows)
+        for i in range(after):
+            w = cloudpickle.loads(cloudpickle.dumps(src))
+            w.open(OperatorContext("read", i, after, 1, True))
+            w.restore(w.rescale_state(old, i, after, lambda k: True))
+            again = w.snapshot(2)  # a snapshot of a rescaled subtask restores to where it was
+            w2 = cloudpickle.loads(cloudpickle.dumps(src))
+            w2.open(OperatorContext("read", i, after, 2, True))
+            w2.restore(again)
+            while (b := w2.read_batch()) is not None:
+                read += b
+            w.close()
+            w2.close()
+        assert collections.Counter(read) == collections.Counter(all_rows)
+    finally:
+        src.driver_stop()
+
+
 def test_restore_into_changed_input_is_refused(spark, text_dir, tmp_path):
     src = SparkSource.text(text_dir, spark=spark)
     src.driver_start()

@@ -29,7 +29,7 @@ from abs_engine.checkpoint.storage import (
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
 from abs_engine.runtime import snapshot_encoding
 from abs_engine.runtime.increments import PAUSE, Increments
-from operators.keyed import Count
+from operators.keyed import Count, CountFinal
 
 R = CheckpointErrorReason
 
@@ -65,9 +65,9 @@ class SimTask:
     Increments, the real encoder and state-file writer. ``model`` keeps a copy of the
     state at each snapshot: the oracle a restore must reproduce."""
 
-    def __init__(self, name: str, root: str):
+    def __init__(self, name: str, root: str, op_type: type = Count):
         self.name, self.root = name, root
-        self.op = Count()
+        self.op = op_type()
         self.inc = Increments([("count", self.op)], True)
         self.model: dict[int, dict[object, int]] = {}
 
@@ -86,10 +86,11 @@ class SimTask:
                             base=base, known=self.inc.known)
 
 
-def test_after_touching_k_keys_a_checkpoint_writes_o_k_bytes(tmp_path):
+@pytest.mark.parametrize("op_type", [Count, CountFinal])  # values recorded; keys recorded, values looked up
+def test_after_touching_k_keys_a_checkpoint_writes_o_k_bytes(tmp_path, op_type):
     root = str(tmp_path / "ck")
     os.makedirs(root)
-    task = SimTask("count#0", root)
+    task = SimTask("count#0", root, op_type)
     n = 100_000
     task.process([f"key-{i}" for i in range(n)])
     full = task.snapshot(1)
@@ -139,7 +140,7 @@ def test_a_full_file_after_max_chain_deltas_and_when_too_much_of_the_state_chang
         task.inc.completed(cid)
     assert bases == [-1, 1, 2, 3, -1, 5, 6]
     task.inc.completed(7)
-    task.process(list(range(600)))  # more than an eighth of the state: written whole...
+    task.process(list(range(2500)))  # more than half of the state: written whole...
     assert task.snapshot(8).base == -1
     task.inc.completed(8)
     assert task.op.changed is None  # ...and tracking pauses: it did not pay
@@ -293,7 +294,8 @@ def test_retention_never_deletes_a_file_a_checkpoint_savepoint_or_task_needs(tmp
     retain = data.draw(st.integers(1, 3), label="retain")
     storage = CheckpointStorage(str(tmp / "ck"), retain=retain)
     os.makedirs(storage.root)
-    tasks = {f"t#{i}": SimTask(f"t#{i}", storage.root) for i in range(2)}
+    op_type = data.draw(st.sampled_from([Count, CountFinal]), label="operator")
+    tasks = {f"t#{i}": SimTask(f"t#{i}", storage.root, op_type) for i in range(2)}
     for t in tasks.values():
         t.inc.max_chain = data.draw(st.integers(1, 4), label="max_chain")
         t.process(list(range(2000)))
