@@ -219,7 +219,13 @@ class KeyedStream(Stream):
         return self._keyed(ReduceFinal(fn, self.key_fn, _on_error(on_error)), "reduce_final", name, parallelism)
 
     def apply_keyed(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> Stream:
-        """A user-defined keyed operator; it must key its state by the same key."""
+        """A user-defined keyed operator; it must key its state by the same key. A
+        ``KeyedProcess`` (operators/keyed_process.py) gets this stream's key function and
+        runtime-owned per-key state (snapshotted, rescaled by key group, incremental)."""
+        from operators.keyed_process import KeyedProcess
+
+        if isinstance(op, KeyedProcess) and op.key_fn is None:
+            op.key_fn = self.key_fn
         return self._keyed(op, "keyed", name, parallelism)
 
 

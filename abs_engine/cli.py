@@ -73,15 +73,29 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"no checkpoints in {storage.root}")
         return 0
     print(f"{'id':>6}  {'created':19}  {'final':5}  {'tasks':>5}  {'bytes':>12}  {'took ms':>8}  status")
+    rows: dict[int, str] = {}
+    shared: dict[int, list[int]] = {}  #: a retired checkpoint's id -> the checkpoints that use its files
     for cid in ids:
         try:
-            storage.verify(cid)
+            meta = storage.verify(cid)
             d = storage.describe(cid)
-            print(f"{cid:>6}  {d['created']:19}  {str(d['final']):5}  {d['tasks']:>5}  {d['bytes']:>12,}  "
-                  f"{d['duration_ms']:>8}  ok")
+            on = f" (incremental on {', '.join(map(str, d['builds_on']))})" if d["builds_on"] else ""
+            rows[cid] = (f"{cid:>6}  {d['created']:19}  {str(d['final']):5}  {d['tasks']:>5}  {d['bytes']:>12,}  "
+                         f"{d['duration_ms']:>8}  ok{on}")
+            for ref in {r.checkpoint_id for refs in meta.chains.values() for r in refs}:
+                shared.setdefault(ref, []).append(cid)
         except CheckpointError as e:
-            print(f"{cid:>6}  {'':19}  {'':5}  {'':>5}  {'':>12}  {'':>8}  INVALID: {e.reason.value}")
-            print(f"checkpoint {cid}: {e}", file=sys.stderr)
+            rows[cid] = f"{cid:>6}  {'':19}  {'':5}  {'':>5}  {'':>12}  {'':>8}  INVALID: {e.reason.value}"
+            if not (e.reason is CheckpointErrorReason.MISSING_METADATA):
+                print(f"checkpoint {cid}: {e}", file=sys.stderr)
+    for cid in ids:
+        if rows[cid].endswith("INVALID: missing_metadata") and cid in shared:
+            # Retired by retention, kept for the files later checkpoints build on.
+            rows[cid] = (f"{cid:>6}  {'':19}  {'':5}  {'':>5}  {'':>12}  {'':>8}  "
+                         f"shared: files used by {', '.join(map(str, sorted(shared[cid])))}")
+        elif rows[cid].endswith("INVALID: missing_metadata"):
+            print(f"checkpoint {cid}: no metadata (incomplete, or being written)", file=sys.stderr)
+        print(rows[cid])
     return 0
 
 

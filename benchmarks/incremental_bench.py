@@ -10,8 +10,8 @@
 3. Restore of 1M keys: read + verify + decode + restore a full file, and a chain of a full
    file and 8 deltas of 10k keys each (storage.load_task_snapshot + Count.restore).
 4. The pipeline (benchmarks/workloads.py, 2M-key first stage): no checkpoints, ABS at 1 s
-   and 0.1 s with full snapshots (the default encoding, auto) and incremental ones; word
-   count with and without change tracking. Rounds interleaved, medians.
+   and 0.1 s with full snapshots and incremental ones (both encoded inline); word count
+   with and without change tracking. Rounds interleaved, medians.
 Writes benchmarks/results/incremental.{json,md} and plots/incremental_bytes.png.
 """
 
@@ -131,8 +131,10 @@ def pipeline_run(records: int, interval: float | None, incremental: bool, tmp: s
     workloads.cleanup(out)
     flow = workloads.pipeline(records, out, 2)
     t0 = time.perf_counter()
+    # Encoded inline in every variant: "auto" forks or not by the load average of the moment,
+    # which made runs of one variant differ by a third (benchmarks/results/async_snapshots.md).
     flow.run(mode="none" if interval is None else "aligned", checkpoint_interval=interval or 1.0,
-             incremental_checkpoints=incremental)
+             incremental_checkpoints=incremental, snapshot_encoding="inline")
     return time.perf_counter() - t0
 
 

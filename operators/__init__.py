@@ -9,6 +9,7 @@ from .basic import Filter, FlatMap, Identity, Map
 from .files import FileSink, TextFileSource
 from .generators import RangeSource
 from .keyed import Count, CountFinal, Reduce, ReduceFinal
+from .keyed_process import KeyedProcess, KeyState
 
 __all__ = [
     "Operator",
@@ -23,6 +24,8 @@ __all__ = [
     "CountFinal",
     "Reduce",
     "ReduceFinal",
+    "KeyedProcess",
+    "KeyState",
     "TextFileSource",
     "RangeSource",
     "FileSink",

@@ -938,4 +938,6 @@ class CheckpointStorage:
             "bytes": size,
             "duration_ms": round(meta.duration_ms, 1),
             "path": d,
+            #: incremental: the checkpoints whose files this one's state builds on
+            "builds_on": sorted({r.checkpoint_id for refs in meta.chains.values() for r in refs}),
         }

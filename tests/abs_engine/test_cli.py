@@ -332,3 +332,15 @@ def test_list_ignores_the_lock_file(ckdir, capsys):
     rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
     assert rows == ["1", "2"]
 
+
+
+def test_list_shows_incremental_checkpoints_and_the_retired_ones_they_build_on(tmp_path, capsys):
+    from tests.abs_engine.checkpoint.test_incremental import run_chain
+
+    storage, _, _ = run_chain(tmp_path, 5, retain=2)  # 1..3 retired; 4 and 5 build on 1, 2, 3
+    assert main(["checkpoints", "list", storage.root]) == 0
+    rows = {int(line.split()[0]): line.rstrip() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows[5].endswith("ok (incremental on 1, 2, 3, 4)")
+    assert rows[4].endswith("ok (incremental on 1, 2, 3)")
+    assert rows[1].endswith("shared: files used by 4, 5")
+    assert rows[3].endswith("shared: files used by 4, 5")

@@ -10,6 +10,7 @@ import pytest
 from abs_engine import Dataflow
 from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
+from operators import KeyedProcess
 from tests.chaos_checks import assert_each_kill_restored
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -23,9 +24,19 @@ def items(n_hot: int) -> list[int]:
     return list(range(WIDE)) + [i % HOT for i in range(n_hot)]
 
 
-def flow(records: list[int], sink: CapturingSink, parallelism: int, batch_size: int = 500) -> Dataflow:
+class RunningCount(KeyedProcess):
+    """The count written as a user's keyed operator (runtime-owned value state)."""
+
+    def process_key(self, key, record, state):  # type: ignore[no-untyped-def]
+        state.value = (state.value or 0) + 1
+        return [(key, state.value)]
+
+
+def flow(records: list[int], sink: CapturingSink, parallelism: int, batch_size: int = 500,
+         user_operator: bool = False) -> Dataflow:
     f = Dataflow("hot-keys", parallelism=parallelism)
-    counts = f.source(TestingSource(records, batch_size=batch_size), name="source").key_by().count(name="count")
+    keyed = f.source(TestingSource(records, batch_size=batch_size), name="source").key_by()
+    counts = keyed.apply_keyed(RunningCount(), name="count") if user_operator else keyed.count(name="count")
     # A sample of the running counts (each must still be emitted exactly once), so that the
     # single sink keeps up and barriers are not held up behind its backlog.
     counts.filter(sampled, name="sample").sink(sink, name="sink", parallelism=1)
@@ -61,12 +72,12 @@ def test_incremental_checkpoints_under_sigkills_are_exact(tmp_path):
         storage.verify(cid)
 
 
-@pytest.mark.parametrize("before,after", [(2, 3), (3, 1)])
-def test_an_incremental_checkpoint_rescales_exactly(tmp_path, before, after):
+@pytest.mark.parametrize("before,after,user_operator", [(2, 3, False), (3, 1, False), (2, 3, True)])
+def test_an_incremental_checkpoint_rescales_exactly(tmp_path, before, after, user_operator):
     records, ck = items(2_000_000), str(tmp_path / "ck")
     sink = CapturingSink(tmp_path / "out")
     # Small batches: slow enough to be stopped mid-job, after a checkpoint that holds deltas.
-    first = flow(records, sink, before, batch_size=50).run(
+    first = flow(records, sink, before, batch_size=20, user_operator=user_operator).run(
         checkpoint_interval=0.01, checkpoint_dir=ck, incremental_checkpoints=True,
         stop_when=lambda r: any(c.delta_tasks for c in r.checkpoints))
     assert first.cancelled and first.checkpoints[-1].delta_tasks > 0  # resumed from a chain
@@ -74,7 +85,7 @@ def test_an_incremental_checkpoint_rescales_exactly(tmp_path, before, after):
     last = storage.completed_ids()[-1]
     assert storage.load_metadata(last).chains and not storage.load_metadata(last).final
     chaos = KillOnCheckpoints([2], seed=before * 10 + after)
-    res = flow(records, sink, after).run(checkpoint_interval=0.03, checkpoint_dir=ck, resume=True,
+    res = flow(records, sink, after, user_operator=user_operator).run(checkpoint_interval=0.03, checkpoint_dir=ck, resume=True,
                                          incremental_checkpoints=True, chaos=chaos, restart_delay=0)
     assert res.restored_from[0] == last
     assert collections.Counter(tuple(r) for r in sink.records()) == oracle(records)

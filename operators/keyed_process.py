@@ -1,0 +1,96 @@
+"""Your own keyed operator, with state the runtime owns: ``KeyedProcess``.
+
+Subclass it and write ``process_key(key, record, state)``: it sees one record of one key
+and that key's ``state`` (a ``KeyState``: ``state.value`` read and assigned, ``del
+state.value`` to forget the key; or ``state.map``, a dict of its own per key), and returns
+the records to emit (any iterable; None for none). The runtime does the rest as for the
+built-in keyed operators: every key's state is snapshotted, restored, re-split by key
+group when the operator's parallelism changes (``rescale_state``), and written
+incrementally with ``incremental_checkpoints`` (only the keys a batch touched).
+
+    class RunningMean(KeyedProcess):
+        def process_key(self, key, record, state):
+            n, total = state.value or (0, 0)
+            state.value = (n + 1, total + record)
+            return [(key, (total + record) / (n + 1))]
+
+    stream.key_by(lambda r: r[0]).apply_keyed(RunningMean(), name="mean")
+
+Invariants: the state is one map key -> value (msgpack-encodable; a state that is not is a
+SerializationError naming the operator at the first checkpoint); a key with no value is
+absent from it, never mapped to None; only the current record's key is reachable from
+``state``, so a subtask only ever touches the keys it owns.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .base import OperatorContext
+from .keyed import KeyFn, _Keyed
+
+_ABSENT = object()
+
+
+class KeyState:
+    """The state of the key being processed (a view: valid only during ``process_key``)."""
+
+    __slots__ = ("_states", "key")
+
+    def __init__(self, states: dict[Any, Any]):
+        self._states = states
+        self.key: Any = None
+
+    @property
+    def value(self) -> Any:
+        """The key's value, or None if it has none."""
+        return self._states.get(self.key)
+
+    @value.setter
+    def value(self, v: Any) -> None:
+        if v is None:
+            self._states.pop(self.key, None)  # None means "no value": the key is forgotten
+        else:
+            self._states[self.key] = v
+
+    @value.deleter
+    def value(self) -> None:
+        self._states.pop(self.key, None)
+
+    @property
+    def map(self) -> dict[Any, Any]:
+        """A dict of the key's own (map state), created on first use; change it in place."""
+        m = self._states.get(self.key, _ABSENT)
+        if m is _ABSENT:
+            m = self._states[self.key] = {}
+        if not isinstance(m, dict):
+            raise TypeError(f"the state of key {self.key!r} is a {type(m).__name__}, not a map: use state.value")
+        return m
+
+
+class KeyedProcess(_Keyed):
+    """A keyed operator of yours: implement ``process_key`` (see the module docstring).
+    ``apply_keyed`` gives it the stream's key function; an ``__init__`` of yours need not
+    call ``super().__init__()``."""
+
+    key_fn: KeyFn = None
+    changed: dict[Any, Any] | set[Any] | None = None
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        if "state" not in self.__dict__:
+            self.state = {}
+
+    def process_key(self, key: Any, record: Any, state: KeyState) -> Iterable[Any] | None:
+        raise NotImplementedError("implement process_key(key, record, state) in your KeyedProcess subclass")
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        view = KeyState(self.state)
+        out: list[Any] = []
+        process_key = self.process_key
+        for key, record in zip(self.keys_of(batch), batch):  # keys_of records the keys touched
+            view.key = key
+            emitted = process_key(key, record, view)
+            if emitted:
+                out.extend(emitted)
+        return out
