@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from abs_engine.runtime import snapshot_encoding  # noqa: E402
-from benchmarks import workloads  # noqa: E402
+from benchmarks import plots, workloads  # noqa: E402
 
 
 def sync_times(keys: int, repeat: int) -> dict[str, float]:
@@ -105,25 +105,12 @@ def main() -> int:
     lines += ["", "![task-thread time of a snapshot](plots/snapshot_sync_time.png)"]
     with open(os.path.join(args.out, "async_snapshots.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ks = list(micro)
-        ax.loglog(ks, [micro[k]["inline_ms"] for k in ks], "o-", label="inline (task thread encodes)")
-        ax.loglog(ks, [micro[k]["fork_sync_ms"] for k in ks], "s-", label="forked: task thread")
-        ax.loglog(ks, [micro[k]["fork_async_ms"] for k in ks], "^--", label="forked: async (child)")
-        ax.axhline(10, color="grey", lw=0.8, ls=":", label="10 ms")
-        ax.set_xlabel("keys in the state")
-        ax.set_ylabel("ms per snapshot")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "plots", "snapshot_sync_time.png"), dpi=110)
-    except ImportError:
-        pass
+    ks = list(micro)
+    plots.loglog(os.path.join(args.out, "plots", "snapshot_sync_time.png"), ks,
+                 [("inline (task thread encodes)", [micro[k]["inline_ms"] for k in ks], "o-"),
+                  ("forked: task thread", [micro[k]["fork_sync_ms"] for k in ks], "s-"),
+                  ("forked: async (child)", [micro[k]["fork_async_ms"] for k in ks], "^--")],
+                 "keys in the state", "ms per snapshot", (10, "10 ms"))
     print("\n".join(lines))
     return 0
 

@@ -12,7 +12,7 @@
 4. The pipeline (benchmarks/workloads.py, 2M-key first stage): no checkpoints, ABS at 1 s
    and 0.1 s with full snapshots and incremental ones (both encoded inline); word count
    with and without change tracking. Rounds interleaved, medians.
-Writes benchmarks/results/incremental.{json,md} and plots/incremental_bytes.png.
+Writes benchmarks/results/incremental.{json,md} and plots/incremental_{bytes,sync_time}.png.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from abs_engine.checkpoint.incremental import ChainRef  # noqa: E402
 from abs_engine.checkpoint.storage import load_task_snapshot, write_state_file  # noqa: E402
 from abs_engine.runtime import snapshot_encoding  # noqa: E402
 from abs_engine.runtime.increments import Increments  # noqa: E402
-from benchmarks import workloads  # noqa: E402
+from benchmarks import plots, workloads  # noqa: E402
 from operators.keyed import Count  # noqa: E402
 
 
@@ -126,44 +126,59 @@ def restore_times(keys: int, repeat: int, tmp: str) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def pipeline_run(records: int, interval: float | None, incremental: bool, tmp: str) -> float:
+CHECKPOINTS: dict[str, list[int]] = {}  #: variant -> checkpoints completed per run
+
+
+def pipeline_run(records: int, interval: float | None, incremental: bool, tmp: str) -> tuple[float, int]:
     out = os.path.join(tmp, "gaps.json")
     workloads.cleanup(out)
     flow = workloads.pipeline(records, out, 2)
     t0 = time.perf_counter()
     # Encoded inline in every variant: "auto" forks or not by the load average of the moment,
     # which made runs of one variant differ by a third (benchmarks/results/async_snapshots.md).
-    flow.run(mode="none" if interval is None else "aligned", checkpoint_interval=interval or 1.0,
-             incremental_checkpoints=incremental, snapshot_encoding="inline")
-    return time.perf_counter() - t0
+    res = flow.run(mode="none" if interval is None else "aligned", checkpoint_interval=interval or 1.0,
+                   incremental_checkpoints=incremental, snapshot_encoding="inline")
+    return time.perf_counter() - t0, res.checkpoints_completed
 
 
-def wordcount_run(corpus: str, incremental: bool, tmp: str) -> float:
+def wordcount_run(corpus: str, incremental: bool, tmp: str) -> tuple[float, int]:
     out = os.path.join(tmp, "wc.tsv")
     workloads.cleanup(out)
     t0 = time.perf_counter()
-    workloads.wordcount(corpus, out, 2).run(checkpoint_interval=1.0, incremental_checkpoints=incremental)
-    return time.perf_counter() - t0
+    res = workloads.wordcount(corpus, out, 2).run(checkpoint_interval=1.0, incremental_checkpoints=incremental)
+    return time.perf_counter() - t0, res.checkpoints_completed
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    args = ap.parse_args()
+    ap.add_argument("--tiny", action="store_true", help="smallest inputs: a smoke test of the script")
+    ap.add_argument("--jobs-only", action="store_true",
+                    help="measure only the jobs (4.); keep parts 1-3 from the last incremental.json")
+    args = ap.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="abs-incremental-bench-")
     keys = 100_000 if args.quick else 1_000_000
     ks = [0, 10, 100, 1_000, 10_000] + ([] if args.quick else [100_000])
     sizes = [1_000, 100_000] if args.quick else [1_000, 100_000, 1_000_000, 5_000_000]
     records = 400_000 if args.quick else 4_000_000
     words = 1_000_000 if args.quick else 10_000_000
+    if args.tiny:
+        keys, ks, sizes, records, words = 20_000, [0, 10, 100], [1_000, 20_000], 20_000, 50_000
 
-    nbytes = bytes_vs_changes(keys, ks, tmp)
-    print(f"bytes: {nbytes}", file=sys.stderr)
-    sync = sync_times(sizes, args.repeat, tmp)
-    restore = restore_times(keys, args.repeat, tmp)
+    if args.jobs_only:
+        with open(os.path.join(args.out, "incremental.json")) as f:
+            last = json.load(f)
+        nbytes = {v: {int(k): n for k, n in d.items()} for v, d in last["bytes"].items()}
+        sync = {int(k): v for k, v in last["sync_ms"].items()}
+        restore = last["restore_s"]
+    else:
+        nbytes = bytes_vs_changes(keys, ks, tmp)
+        print(f"bytes: {nbytes}", file=sys.stderr)
+        sync = sync_times(sizes, args.repeat, tmp)
+        restore = restore_times(keys, args.repeat, tmp)
     print(f"restore of {keys:,} keys: {restore}", file=sys.stderr)
 
     from abs_engine.testing import write_zipf_corpus
@@ -180,8 +195,10 @@ def main() -> int:
     times: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(args.rounds):
         for name in (list(variants) if r % 2 == 0 else list(reversed(variants))):
-            times[name].append(variants[name]())
-            print(f"round {r}: {name} {times[name][-1]:.2f}s", file=sys.stderr)
+            seconds, completed = variants[name]()
+            times[name].append(seconds)
+            CHECKPOINTS.setdefault(name, []).append(completed)
+            print(f"round {r}: {name} {seconds:.2f}s, {completed} checkpoints", file=sys.stderr)
     med = {k: statistics.median(v) for k, v in times.items()}
     overhead = {k: med[k] / med["none"] - 1 for k in med if k.startswith("ABS")}
     wc_ratio = med["wordcount ABS 1s, incremental"] / med["wordcount ABS 1s"]
@@ -189,14 +206,17 @@ def main() -> int:
 
     summary = {"keys": keys, "bytes": nbytes, "sync_ms": {str(k): v for k, v in sync.items()},
                "restore_s": restore, "pipeline_records": records, "seconds": times, "median_s": med,
-               "overhead": overhead, "wordcount_words": words, "wordcount_ratio": wc_ratio,
+               "overhead": overhead, "checkpoints": CHECKPOINTS, "wordcount_words": words, "wordcount_ratio": wc_ratio,
                "rounds": args.rounds, "repeat": args.repeat}
     os.makedirs(os.path.join(args.out, "plots"), exist_ok=True)
     with open(os.path.join(args.out, "incremental.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    cmd = "python3 benchmarks/incremental_bench.py" + (" --quick" if args.quick else "")
+    cmd = ("python3 benchmarks/incremental_bench.py" + (" --quick" if args.quick else "")
+           + (f" --rounds {args.rounds}" if args.rounds != 3 else "") + (" --jobs-only" if args.jobs_only else ""))
     lines = ["# Incremental checkpoints vs full ones", "",
-             f"`{cmd}` (repeat {args.repeat}, rounds {args.rounds}, 2-core machine).", "",
+             f"`{cmd}` (repeat {args.repeat}, rounds {args.rounds}, 2-core machine)."
+             + (" Parts 1-3 (bytes, task-thread time, restore) are those of the full run before it; "
+                "`--jobs-only` measured the jobs." if args.jobs_only else ""), "",
              f"## Bytes one checkpoint writes after k of {keys:,} keys changed (one task)", "",
              "| keys changed | full | incremental | ratio |", "|---|---|---|---|"]
     for k in ks:
@@ -211,32 +231,29 @@ def main() -> int:
               "| files | seconds |", "|---|---|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in restore.items()]
     lines += ["", f"## The pipeline ({records:,} records, {records // 2:,}-key first stage) and word count "
-              f"({words:,} words); medians", "", "| variant | median s | overhead vs none | runs |",
-              "|---|---|---|---|"]
+              f"({words:,} words); medians", "",
+              "| variant | median s | overhead vs none | checkpoints (median) | runs |", "|---|---|---|---|---|"]
     for k, v in times.items():
         ov = f"{overhead[k] * 100:+.1f}%" if k in overhead else ""
-        lines.append(f"| {k} | {med[k]:.2f} | {ov} | {', '.join(f'{x:.2f}' for x in v)} |")
+        lines.append(f"| {k} | {med[k]:.2f} | {ov} | {statistics.median(CHECKPOINTS[k]):g} | "
+                     f"{', '.join(f'{x:.2f}' for x in v)} |")
     lines += ["", f"Word count with change tracking / without: {wc_ratio:.3f}", "",
-              "![bytes per checkpoint](plots/incremental_bytes.png)"]
+              "![bytes per checkpoint](plots/incremental_bytes.png)",
+              "![task-thread time of a snapshot](plots/incremental_sync_time.png)"]
     with open(os.path.join(args.out, "incremental.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        xs = [max(k, 1) for k in ks]
-        ax.loglog(xs, [nbytes["full"][k] for k in ks], "o-", label="full")
-        ax.loglog(xs, [nbytes["incremental"][k] for k in ks], "s-", label="incremental")
-        ax.set_xlabel(f"keys changed since the last checkpoint (of {keys:,}; 0 plotted at 1)")
-        ax.set_ylabel("bytes written by the checkpoint")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "plots", "incremental_bytes.png"), dpi=110)
-    except ImportError:
-        pass
+    plots.loglog(os.path.join(args.out, "plots", "incremental_bytes.png"), [max(k, 1) for k in ks],
+                 [("full", [nbytes["full"][k] for k in ks], "o-"),
+                  ("incremental", [nbytes["incremental"][k] for k in ks], "s-")],
+                 f"keys changed since the last checkpoint (of {keys:,}; 0 plotted at 1)",
+                 "bytes written by the checkpoint")
+    ns = list(sync)
+    plots.loglog(os.path.join(args.out, "plots", "incremental_sync_time.png"), ns,
+                 [(v, [max(sync[n][v], 0.01) for n in ns], style)
+                  for v, style in (("full inline", "o-"), ("full fork", "s-"), ("incremental inline", "^-"),
+                                   ("incremental fork", "v--"))],
+                 "keys in the state (1% changed since the last checkpoint)", "task-thread ms per snapshot",
+                 (10, "10 ms"))
     print("\n".join(lines))
     return 0
 

@@ -26,3 +26,15 @@ def test_suite_quick_on_tiny_inputs_writes_results_plots_and_summary(tmp_path):
         assert data.startswith(b"\x89PNG") and len(data) > 5_000
     md = (out / "suite.md").read_text()
     assert "stop-the-world" in md and "plots/overhead_vs_interval.png" in md
+
+
+def test_incremental_bench_runs_on_tiny_inputs(tmp_path):
+    from benchmarks import incremental_bench
+
+    out = tmp_path / "results"
+    assert incremental_bench.main(["--tiny", "--rounds", "1", "--repeat", "1", "--out", str(out)]) == 0
+    doc = json.loads((out / "incremental.json").read_text())
+    assert doc["bytes"]["incremental"]["100"] < doc["bytes"]["full"]["100"] / 10
+    assert set(doc["median_s"]) >= {"none", "ABS 1s, incremental", "ABS 0.1s, full"}
+    for png in ("incremental_bytes", "incremental_sync_time"):
+        assert (out / "plots" / f"{png}.png").read_bytes().startswith(b"\x89PNG")
