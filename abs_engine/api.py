@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from operators.aggregate import Aggregate, AggregateFinal, FoldFinal, StatefulMap
 from operators.base import Operator, Sink, Source
 from operators.basic import Filter, FlatMap, Identity, Map
 from operators.keyed import Count, CountFinal, Reduce, ReduceFinal
@@ -203,20 +204,58 @@ class KeyedStream(Stream):
         return Stream(self.flow, self._then(op, base, label, name, parallelism, key_fn=self.key_fn, keyed=True))
 
     def count(self, name: str | None = None, parallelism: int | None = None) -> Stream:
+        """Running count per key: ``(key, count so far)`` for every record."""
         return self._keyed(Count(self.key_fn), "count", name, parallelism)
 
     def count_final(self, name: str | None = None, parallelism: int | None = None) -> Stream:
+        """Count per key for bounded input: ``(key, count)`` once per key at the end."""
         return self._keyed(CountFinal(self.key_fn), "count_final", name, parallelism)
 
     def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None,
                on_error: str = "fail") -> Stream:
+        """Running reduce per key: a key's first record is its accumulator, then ``acc =
+        fn(acc, record)``; emits ``(key, acc)`` for every record. ``fn`` combines two values
+        of the record's type; for an accumulator of another type use ``aggregate``. If
+        ``fn`` raises, the key's state is unchanged; on_error="fail" fails the task naming
+        the record, "skip" drops and reports it."""
         return self._keyed(Reduce(fn, self.key_fn, _on_error(on_error)), "reduce", name, parallelism)
 
     def reduce_final(
         self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None,
         on_error: str = "fail",
     ) -> Stream:
+        """``reduce`` for bounded input: ``(key, acc)`` once per key at the end."""
         return self._keyed(ReduceFinal(fn, self.key_fn, _on_error(on_error)), "reduce_final", name, parallelism)
+
+    def aggregate(self, create: Callable[[], Any], add: Callable[[Any, Any], Any],
+                  result: Callable[[Any], Any] | None = None, name: str | None = None,
+                  parallelism: int | None = None, on_error: str = "fail") -> Stream:
+        """Running aggregate per key (Flink's AggregateFunction): ``acc = add(acc, record)``
+        from ``create()``; emits ``(key, result(acc))`` (or ``(key, acc)``) for every record.
+        E.g. a running mean: ``aggregate(lambda: (0, 0), lambda a, r: (a[0] + 1, a[1] + r[1]),
+        lambda a: a[1] / a[0])``. See operators/aggregate.py for failures and state."""
+        return self._keyed(Aggregate(create, add, result, self.key_fn, _on_error(on_error)), "aggregate", name,
+                           parallelism)
+
+    def aggregate_final(self, create: Callable[[], Any], add: Callable[[Any, Any], Any],
+                        result: Callable[[Any], Any] | None = None, name: str | None = None,
+                        parallelism: int | None = None, on_error: str = "fail") -> Stream:
+        """``aggregate`` for bounded input: ``(key, result(acc))`` once per key at the end."""
+        return self._keyed(AggregateFinal(create, add, result, self.key_fn, _on_error(on_error)), "aggregate_final",
+                           name, parallelism)
+
+    def fold_final(self, create: Callable[[], Any], fold: Callable[[Any, Any], Any], name: str | None = None,
+                   parallelism: int | None = None, on_error: str = "fail") -> Stream:
+        """Fold per key for bounded input (Bytewax's ``fold_final``): ``acc = fold(acc,
+        record)`` from ``create()``; ``(key, acc)`` once per key at the end."""
+        return self._keyed(FoldFinal(create, fold, self.key_fn, _on_error(on_error)), "fold_final", name,
+                           parallelism)
+
+    def stateful_map(self, fn: Callable[[Any, Any], tuple[Any, Any]], name: str | None = None,
+                     parallelism: int | None = None, on_error: str = "fail") -> Stream:
+        """Per key (Bytewax's ``stateful_map``): ``state, out = fn(state, record)``, ``state``
+        None for a key's first record; emits ``(key, out)``; returning state None drops it."""
+        return self._keyed(StatefulMap(fn, self.key_fn, _on_error(on_error)), "stateful_map", name, parallelism)
 
     def apply_keyed(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> Stream:
         """A user-defined keyed operator; it must key its state by the same key. A

@@ -4,6 +4,7 @@ Operators never import the runtime or the executors: they see only an OperatorCo
 Spark operators live in ``operators.spark`` (imported on demand: PySpark is heavy).
 """
 
+from .aggregate import Aggregate, AggregateFinal, FoldFinal, StatefulMap
 from .base import Operator, OperatorContext, Sink, Source
 from .basic import Filter, FlatMap, Identity, Map
 from .files import FileSink, TextFileSource
@@ -25,6 +26,10 @@ __all__ = [
     "Reduce",
     "ReduceFinal",
     "KeyedProcess",
+    "Aggregate",
+    "AggregateFinal",
+    "FoldFinal",
+    "StatefulMap",
     "KeyState",
     "TextFileSource",
     "RangeSource",

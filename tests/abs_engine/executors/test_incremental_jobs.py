@@ -74,7 +74,9 @@ def test_incremental_checkpoints_under_sigkills_are_exact(tmp_path):
 
 @pytest.mark.parametrize("before,after,user_operator", [(2, 3, False), (3, 1, False), (2, 3, True)])
 def test_an_incremental_checkpoint_rescales_exactly(tmp_path, before, after, user_operator):
-    records, ck = items(2_000_000), str(tmp_path / "ck")
+    # A long hot phase: the first run must reach checkpoints holding deltas before its input
+    # ends, also on a loaded machine (key-only tracking pauses through the wide phase).
+    records, ck = items(6_000_000), str(tmp_path / "ck")
     sink = CapturingSink(tmp_path / "out")
     # Small batches: slow enough to be stopped mid-job, after a checkpoint that holds deltas.
     first = flow(records, sink, before, batch_size=20, user_operator=user_operator).run(
@@ -85,7 +87,7 @@ def test_an_incremental_checkpoint_rescales_exactly(tmp_path, before, after, use
     last = storage.completed_ids()[-1]
     assert storage.load_metadata(last).chains and not storage.load_metadata(last).final
     chaos = KillOnCheckpoints([2], seed=before * 10 + after)
-    res = flow(records, sink, after, user_operator=user_operator).run(checkpoint_interval=0.03, checkpoint_dir=ck, resume=True,
+    res = flow(records, sink, after, batch_size=2_000, user_operator=user_operator).run(checkpoint_interval=0.03, checkpoint_dir=ck, resume=True,
                                          incremental_checkpoints=True, chaos=chaos, restart_delay=0)
     assert res.restored_from[0] == last
     assert collections.Counter(tuple(r) for r in sink.records()) == oracle(records)

@@ -1,0 +1,124 @@
+"""Keyed operators with an accumulator or a state of the user's: ``aggregate`` (Flink's
+AggregateFunction), ``fold_final`` and ``stateful_map`` (Bytewax's). Their per-key state is
+the runtime-owned map of operators/keyed.py: checkpointed, re-split by key group on
+rescale, written incrementally.
+
+Semantics (every one keyed: records of one key arrive at one subtask, in order per input):
+- ``Aggregate(create, add, result)``: ``acc = add(acc, record)``, starting from ``create()``
+  for a key's first record; emits ``(key, result(acc))`` (``acc`` if ``result`` is None)
+  for every record. ``AggregateFinal`` emits it once per key at end of input.
+- ``FoldFinal(create, fold)``: ``AggregateFinal`` without ``result``.
+- ``StatefulMap(fn)``: ``state, out = fn(state, record)`` with ``state`` None for a key's
+  first record (or after it was dropped); emits ``(key, out)``; returning state None drops
+  the key's state.
+If a user function raises, the key's state is unchanged (provided it did not mutate the
+accumulator in place before raising): with on_error="fail" (default) the task fails naming
+the record (and the job fails if it fails again on it after a restart); with "skip" the
+record is dropped and reported. Accumulators and states must be msgpack-encodable (a tuple
+comes back as a list after a restore, as records crossing a process do).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .keyed import KeyFn, Reduce
+
+_NONE = object()
+
+
+class Aggregate(Reduce):
+    """Running aggregate per key (see the module docstring)."""
+
+    def __init__(self, create: Callable[[], Any], add: Callable[[Any, Any], Any],
+                 result: Callable[[Any], Any] | None = None, key_fn: KeyFn = None, on_error: str = "fail"):
+        super().__init__(add, key_fn, on_error)
+        self.create = create
+        self.result = result
+        # The emitted pairs carry the accumulator itself only without ``result``: then they
+        # are the values to track (incremental checkpoints); else the keys are tracked.
+        self.TRACKS_VALUES = result is None
+
+    def _step(self, state: dict[Any, Any], k: Any, rec: Any) -> Any:
+        acc = state.get(k, _NONE)
+        return self.fn(self.create() if acc is _NONE else acc, rec)
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        state, result, out = self.state, self.result, []
+        for k, rec in zip(self.keys_of(batch), batch):
+            try:
+                acc = self._step(state, k, rec)
+                emitted = acc if result is None else result(acc)
+            except Exception as e:
+                self._failed(rec, e)
+                continue
+            state[k] = acc
+            out.append((k, emitted))
+        if self.changed is not None and self.TRACKS_VALUES:
+            self.changed.update(out)  # the last pair of a key is its accumulator
+        return out
+
+
+class AggregateFinal(Aggregate):
+    """Aggregate per key for bounded input: ``(key, result(acc))`` once per key at the end."""
+
+    def __init__(self, create: Callable[[], Any], add: Callable[[Any, Any], Any],
+                 result: Callable[[Any], Any] | None = None, key_fn: KeyFn = None, on_error: str = "fail"):
+        super().__init__(create, add, result, key_fn, on_error)
+        self.TRACKS_VALUES = False  # emits nothing per record: tracks the keys it touches
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        state = self.state
+        for k, rec in zip(self.keys_of(batch), batch):
+            try:
+                acc = self._step(state, k, rec)
+            except Exception as e:
+                self._failed(rec, e)
+                continue
+            state[k] = acc
+        return []
+
+    def finish(self) -> list[Any]:
+        result = self.result
+        if result is None:
+            return list(self.state.items())
+        out = []
+        for k, acc in self.state.items():
+            try:
+                out.append((k, result(acc)))
+            except Exception as e:
+                self._failed((k, acc), e)
+        return out
+
+
+class FoldFinal(AggregateFinal):
+    """Fold per key for bounded input: ``acc = fold(acc, record)`` from ``create()``;
+    ``(key, acc)`` once per key at the end."""
+
+    def __init__(self, create: Callable[[], Any], fold: Callable[[Any, Any], Any], key_fn: KeyFn = None,
+                 on_error: str = "fail"):
+        super().__init__(create, fold, None, key_fn, on_error)
+
+
+class StatefulMap(Reduce):
+    """``state, out = fn(state, record)`` per key; emits ``(key, out)`` (see the module docstring)."""
+
+    TRACKS_VALUES = False  # it may drop a key's state: tracks keys (a dropped key becomes a delete)
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        state, fn, out = self.state, self.fn, []
+        for k, rec in zip(self.keys_of(batch), batch):
+            try:
+                result = fn(state.get(k), rec)
+                if not isinstance(result, tuple) or len(result) != 2:
+                    raise TypeError(f"a stateful_map function must return (state, output), got {result!r}")
+                new, emitted = result
+            except Exception as e:
+                self._failed(rec, e)
+                continue
+            if new is None:
+                state.pop(k, None)
+            else:
+                state[k] = new
+            out.append((k, emitted))
+        return out
