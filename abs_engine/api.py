@@ -111,9 +111,23 @@ class Dataflow:
     def run(self, **config: Any) -> "JobResult":
         """Run the job; see executors.config.JobConfig for the options (``executor=`` picks
         who starts the workers)."""
+        if PlanOnly.active:
+            raise PlanOnly(self)  # `abs-engine plan` loads the file: it never runs a job
         from .executors.master import JobConfig, run_job
 
         return run_job(self, JobConfig(**config))
+
+
+class PlanOnly(BaseException):
+    """Raised by ``Dataflow.run`` while ``abs-engine plan`` loads a file (``active``): the
+    file's job is captured, never run. A BaseException, so user code's ``except
+    Exception`` cannot swallow it."""
+
+    active = False
+
+    def __init__(self, flow: Dataflow):
+        super().__init__("planning only")
+        self.flow = flow
 
 
 class Stream:

@@ -26,18 +26,40 @@ from .errors import AbsEngineError, CheckpointError, CheckpointErrorReason
 
 
 def load_flow(path: str) -> Dataflow:
-    """A Dataflow from a Python file: its ``build_flow()`` function, else a module-level Dataflow."""
+    """A Dataflow from a Python file: its ``build_flow()`` function, else a module-level
+    Dataflow, else the one the file runs. Never runs a job: ``Dataflow.run`` only captures
+    its flow while the file loads (api.PlanOnly)."""
+    import inspect
+
+    from .api import PlanOnly
+
     # Like `python FILE.py`: the file's directory is importable (sibling modules).
     here = os.path.dirname(os.path.abspath(path))
     sys.path.insert(0, here)
+    PlanOnly.active = True
     try:
-        ns = runpy.run_path(path, run_name="__abs_engine_plan__")
+        try:
+            ns = runpy.run_path(path, run_name="__abs_engine_plan__")
+        except PlanOnly as ran:
+            return ran.flow  # the file runs its job at import: that job is the plan
+        build = ns.get("build_flow")
+        if callable(build):
+            required = [p.name for p in inspect.signature(build).parameters.values()
+                        if p.default is inspect.Parameter.empty
+                        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            if required:
+                raise SystemExit(f"{path}: build_flow() needs arguments ({', '.join(required)}) that `abs-engine "
+                                 "plan` cannot give: give them defaults, or add a build_flow() without required "
+                                 "arguments that builds the job as you would run it")
+            try:
+                flow = build()
+            except PlanOnly as ran:
+                return ran.flow
+            if isinstance(flow, Dataflow):
+                return flow
     finally:
+        PlanOnly.active = False
         sys.path.remove(here)
-    if callable(ns.get("build_flow")):
-        flow = ns["build_flow"]()
-        if isinstance(flow, Dataflow):
-            return flow
     flows = [v for v in ns.values() if isinstance(v, Dataflow)]
     if len(flows) != 1:
         raise SystemExit(

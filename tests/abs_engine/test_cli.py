@@ -74,6 +74,35 @@ def test_plan_of_a_file_without_a_dataflow(tmp_path):
     assert "build_flow" in str(ei.value.code)
 
 
+def test_plan_never_runs_the_job_a_file_runs_at_import(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    f = tmp_path / "runs_at_import.py"
+    f.write_text(
+        "from abs_engine import Dataflow\n"
+        "from abs_engine.testing import TestingSource, CapturingSink\n"
+        "flow = Dataflow('eager', parallelism=2)\n"
+        f"flow.source(TestingSource(range(10)), name='nums').sink(CapturingSink({str(tmp_path / 'out')!r}), name='out')\n"
+        "result = flow.run()\n"
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+    )
+    assert main(["plan", str(f)]) == 0
+    assert "job 'eager'" in capsys.readouterr().out
+    from abs_engine.api import PlanOnly
+    from abs_engine.testing import CapturingSink
+
+    assert not marker.exists() and CapturingSink(tmp_path / "out").records() == []  # nothing ran or written
+
+    assert not PlanOnly.active  # a later flow.run() in this process runs as usual
+
+
+def test_plan_of_a_build_flow_that_needs_arguments_says_how(tmp_path):
+    f = tmp_path / "needs_args.py"
+    f.write_text("def build_flow(path, parallelism=2):\n    raise AssertionError('never called')\n")
+    with pytest.raises(SystemExit) as ei:
+        main(["plan", str(f)])
+    assert "needs arguments (path)" in str(ei.value.code) and "defaults" in str(ei.value.code)
+
+
 def test_no_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as ei:
         main([])
