@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from abs_engine.errors import InputError
 
-from .base import OperatorContext, Sink, Source
+from .base import OperatorContext, RecordError, Sink, Source
 
 FINGERPRINT_EDGE = 64 * 1024  #: bytes hashed at each end of the file for its fingerprint
 
@@ -173,6 +173,40 @@ def _default_format(record: Any) -> str:
     return str(record)
 
 
+def _jsonl(record: Any) -> str:
+    import json
+
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+
+
+def _csv(record: Any) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="").writerow(record if isinstance(record, (tuple, list)) else [record])
+    return buf.getvalue()
+
+
+#: FileSink's named formats: one line per record.
+FORMATS: dict[str, Callable[[Any], str]] = {
+    "tsv": _default_format,  #: a string as is; a tuple's fields joined by tabs ("key<TAB>value"); else str()
+    "jsonl": _jsonl,  #: one JSON value per line (a tuple is an array)
+    "csv": _csv,  #: one CSV row per line (RFC 4180 quoting; a scalar is a one-field row)
+}
+
+
+def _formatter(format: str | Callable[[Any], str] | None) -> Callable[[Any], str]:
+    if format is None:
+        return _default_format
+    if callable(format):
+        return format
+    if format not in FORMATS:
+        raise ValueError(f"FileSink format must be one of {sorted(FORMATS)} or a function record -> str, "
+                         f"got {format!r}")
+    return FORMATS[format]
+
+
 class FileSink(Sink):
     """Writes one line per record, exactly once, by two-phase commit.
 
@@ -185,16 +219,21 @@ class FileSink(Sink):
 
     With parallelism 1, ``path`` is the output file; otherwise (or with directory=True)
     ``path`` is a directory of ``part-00000``, ``part-00001``, ... files.
+
+    ``format``: ``"tsv"`` (the default: a string as is, a pair as ``key<TAB>value``, any
+    tuple's fields joined by tabs), ``"jsonl"`` (one JSON value per line; a record that JSON
+    cannot hold fails the task naming it), ``"csv"``, or a function record -> str. A line
+    must not contain a newline of its own (tsv and functions: yours to ensure).
     """
 
     def __init__(
         self,
         path: str | os.PathLike[str],
-        format: Callable[[Any], str] | None = None,
+        format: str | Callable[[Any], str] | None = None,
         directory: bool | None = None,
     ):
         self.path = os.fspath(path)
-        self.format = format or _default_format
+        self.format = _formatter(format)
         self.directory = directory  #: None: a file at parallelism 1, a directory otherwise
         self.buffer: list[str] = []
         self.pending: list[tuple[int, bytes]] = []
@@ -217,7 +256,16 @@ class FileSink(Sink):
                 os.fsync(f.fileno())
 
     def process(self, batch: list[Any]) -> list[Any]:
-        self.buffer.extend(map(self.format, batch))
+        try:
+            lines = list(map(self.format, batch))
+        except Exception:
+            for record in batch:  # name the record the format cannot write
+                try:
+                    self.format(record)
+                except Exception as e:
+                    raise RecordError(record) from e
+            raise
+        self.buffer.extend(lines)
         return []
 
     def snapshot(self, checkpoint_id: int) -> Any:

@@ -333,6 +333,39 @@ def test_sink_formats_records(tmp_path):
     assert read_text(tmp_path / "custom.txt") == "<1>\n<2>\n"
 
 
+def written(tmp_path, fmt, records):  # type: ignore[no-untyped-def]
+    sink = FileSink(tmp_path / f"out.{fmt}", format=fmt)
+    sink.open(ctx("write"))
+    sink.process(records)
+    sink.snapshot(1)
+    sink.notify_checkpoint_complete(1)
+    return read_text(tmp_path / f"out.{fmt}")
+
+
+def test_sink_named_formats_tsv_jsonl_csv(tmp_path):
+    import csv
+    import json
+
+    records = [("word", 3), ("tab\tand \"quote\"", 1.5), "plain", 7, ("a,b", None)]
+    assert written(tmp_path, "tsv", records[:1] + records[2:4]) == "word\t3\nplain\n7\n"
+    assert [json.loads(line) for line in written(tmp_path, "jsonl", records).splitlines()] == [
+        ["word", 3], ['tab\tand "quote"', 1.5], "plain", 7, ["a,b", None]]
+    rows = list(csv.reader(written(tmp_path, "csv", records).splitlines()))
+    assert rows == [["word", "3"], ['tab\tand "quote"', "1.5"], ["plain"], ["7"], ["a,b", ""]]
+
+
+def test_sink_unknown_format_and_unwritable_record_are_named(tmp_path):
+    from operators.base import RecordError
+
+    with pytest.raises(ValueError, match="jsonl"):
+        FileSink(tmp_path / "x", format="xml")
+    sink = FileSink(tmp_path / "o.jsonl", format="jsonl")
+    sink.open(ctx("write"))
+    with pytest.raises(RecordError) as info:
+        sink.process([("ok", 1), ("bytes", b"\x00")])
+    assert info.value.record == ("bytes", b"\x00")
+
+
 def test_sink_open_fresh_truncates_previous_output(tmp_path):
     out = tmp_path / "out.txt"
     out.write_text("stale\n")
