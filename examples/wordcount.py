@@ -123,12 +123,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = read_output(args.output)
     total = sum(out.values())
+    # One clock: the job's own (duration_s), the one its progress lines count on.
+    elapsed = result.duration_s or elapsed
+    if args.resume or args.restore_from:
+        # Resumed: this run did only part of the work; credit it with its own reading only.
+        rate = f"resumed from checkpoint {result.restored_from[0]}, " if result.restored_from else "resumed, "
+        rate += f"this run read {result.source_records:,} source records"
+    else:
+        rate = f"{total / elapsed / 1e6:.2f} M words/s"
     print(f"\nwordcount: {total:,} words, {len(out):,} distinct, in {elapsed:.2f}s "
-          f"({total / elapsed / 1e6:.2f} M words/s) with parallelism {args.parallelism}, mode {args.mode}, "
+          f"({rate}) with parallelism {args.parallelism}, mode {args.mode}, "
           f"source {args.source}" + (f" (+{setup:.1f}s to start Spark)" if args.source == "spark" else ""))
     ck = [c for c in result.checkpoints if not c.final]
-    print(f"wordcount: {len(ck)} periodic checkpoint(s) + final commit; restarts: {result.restarts}; "
-          f"output: {args.output}")
+    print(f"wordcount: {len(ck)} periodic checkpoint(s) + final commit; restarts: {result.restarts} "
+          f"(workers lost: {result.workers_lost}); output: {args.output}")
     if args.no_verify:
         return 0
     return verdict("wordcount", batch_count(args.input) == out, "a plain batch count")

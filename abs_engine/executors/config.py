@@ -162,8 +162,15 @@ class JobResult:
     #: workers launched, connected, restored); ``duration_s - running_after_s`` is the run.
     running_after_s: float = 0.0
     restarts: int = 0
-    kills: int = 0
+    kills: int = 0  #: workers the ``chaos`` option killed
+    #: Workers that died (a signal, a crash) or went silent, whoever killed them; each one
+    #: is followed by a restart (``restarts``) unless the job gave up.
+    workers_lost: int = 0
+    #: Records the sources read in this run, every attempt's (records read again after a
+    #: restore count again: it is work done; an attempt that failed counts what its sources
+    #: had reported, every half second); a resumed run counts only its own.
     source_records: int = 0
+    attempt_source_records: list[int] = field(default_factory=list)  #: the same, per attempt
     #: Completed checkpoints, the most recent KEEP_CHECKPOINT_STATS of them at least.
     checkpoints: list[CheckpointStat] = field(default_factory=list)
     checkpoints_completed: int = 0

@@ -117,7 +117,9 @@ class JobMaster:
         self.max_parallelism = int(self.layout.get("max_parallelism", 128))
         self.result = JobResult(job=plan.job)
         self.source_tasks = [t.id for t in plan.tasks if plan.chain(t.chain).is_source]
+        #: Records each source task read in the current attempt (from its restored offset on).
         self.source_progress: dict[str, int] = {}
+        self.records_before = 0  #: records the sources read in earlier attempts of this run
         self.job_id = ""  #: a fresh run's own id, or adopted from the checkpoints it resumes
         self.run_nonce = secrets.token_hex(8)  #: this driver process's run, in fence tokens
         self.control_dir = ""  #: where the lock and the output fence live (see remote.control_dir)
@@ -254,6 +256,8 @@ class JobMaster:
                     return
                 except WorkerFailure as f:
                     self.result.failures.append(str(f))
+                    if f.operator is None:
+                        self.result.workers_lost += 1  # died (a signal, a crash) or went silent
                     if f.operator == "<restore>" and meta is not None:
                         self.unusable[meta.checkpoint_id] = _error_line(f.traceback) or str(f)
                     repeat = bool(f.digest) and (f.operator, f.digest) in self.failed_records
@@ -288,6 +292,12 @@ class JobMaster:
     def _attempt(self, gen: int, listener: socket.socket, storage: CheckpointStorage,
                  meta: Metadata | None, next_id: int, restore_root: str) -> None:
         cfg = self.config
+        # A new attempt's sources count from zero again: what earlier attempts read is kept,
+        # so the run's count only grows (records re-read after a restore count again: work).
+        self.count_source_records()  # the previous attempt's last count
+        self.records_before += sum(self.source_progress.values())
+        self.source_progress = {}
+        self.result.attempt_source_records.append(0)
         host, port = listener.getsockname()[:2]
         workers: dict[str, Worker] = {}
         secret = auth.new_secret()  # this attempt's: workers of older attempts do not know it
@@ -667,15 +677,22 @@ class JobMaster:
 
     def _print_progress(self, coord: CheckpointCoordinator) -> None:
         elapsed = time.monotonic() - self.started
-        recs = sum(self.source_progress.values())
+        recs = self.count_source_records()
         done = coord.stats.completed
         last = f", last #{done[-1].checkpoint_id} took {done[-1].duration_ms:.0f} ms" if done else ""
-        self.result.source_records = max(self.result.source_records, recs)
         print(
             f"[{self.plan.job}] {elapsed:6.1f}s  source records {recs:,}  "
             f"checkpoints {self.result.checkpoints_completed}{last}  restarts {self.result.restarts}",
             file=sys.stderr, flush=True,
         )
+
+    def count_source_records(self) -> int:
+        """Records the sources read in this run so far, every attempt's (JobResult.source_records)."""
+        this = sum(self.source_progress.values())
+        if self.result.attempt_source_records:
+            self.result.attempt_source_records[-1] = this
+        self.result.source_records = self.records_before + this
+        return self.result.source_records
 
 
 def _live_pids(workers: dict[str, Worker]) -> dict[str, int]:
@@ -703,7 +720,7 @@ def run_job(flow: "Dataflow", config: JobConfig) -> JobResult:
         res = master.run()
     finally:
         launcher.close()
-    res.source_records = max(res.source_records, sum(master.source_progress.values()))
+    master.count_source_records()
     return res
 
 
