@@ -10,6 +10,7 @@ from .errors import (
     GraphError,
     InputError,
     JobFailed,
+    JobInterrupted,
     SerializationError,
 )
 from .executors.config import JobConfig, JobResult
@@ -26,6 +27,7 @@ __all__ = [
     "CheckpointError",
     "InputError",
     "JobFailed",
+    "JobInterrupted",
     "SerializationError",
 ]
 __version__ = "0.1.0"

@@ -61,6 +61,17 @@ class CheckpointError(AbsEngineError):
         self.checkpoint_id = checkpoint_id
 
 
+class JobInterrupted(AbsEngineError):
+    """The job was stopped at once (a second SIGTERM or Ctrl-C, or one with
+    ``stop_with_savepoint_on_signal=False``): no savepoint, every worker stopped. The
+    message says how to resume (``checkpoint_dir``: where its checkpoints are, or None if
+    they were in a temporary directory, now removed)."""
+
+    def __init__(self, message: str, checkpoint_dir: str | None):
+        super().__init__(message)
+        self.checkpoint_dir = checkpoint_dir
+
+
 class SerializationError(AbsEngineError):
     """A record or a piece of state cannot be encoded with msgpack."""
 

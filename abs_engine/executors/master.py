@@ -47,7 +47,8 @@ from ..checkpoint.remote import RemoteStorage, control_dir, open_storage
 from ..checkpoint.rescale import restore_specs
 from ..checkpoint.savepoint import load_savepoint, write_savepoint
 from ..checkpoint.storage import CheckpointStorage, Metadata
-from ..errors import AbsEngineError, CheckpointError, CheckpointErrorReason, JobFailed, ProtocolError, ProtocolErrorReason
+from ..errors import (AbsEngineError, CheckpointError, CheckpointErrorReason, JobFailed, JobInterrupted, ProtocolError,
+                      ProtocolErrorReason)
 from ..graph import LogicalGraph
 from ..plan import Plan
 from .config import CheckpointStat, JobConfig, JobResult
@@ -208,13 +209,27 @@ class JobMaster:
                     "of an earlier run: pass resume=True (--resume) to continue from them, or use an empty directory",
                 )
             self.started = time.monotonic()
-            self._attempts(storage)
+            try:
+                self._attempts(storage)
+            except KeyboardInterrupt as e:  # the workers were stopped on the way out (_attempt)
+                raise self._interrupted(e, None if temp else storage.shown) from None
             self.result.duration_s = time.monotonic() - self.started
             return self.result
         finally:
             lock.release()
             if temp:
                 shutil.rmtree(location, ignore_errors=True)
+
+    def _interrupted(self, e: KeyboardInterrupt, kept: str | None) -> JobInterrupted:
+        why = str(e) or "interrupted"
+        if kept is None:
+            how = ("its checkpoints were in a temporary directory, now removed: run it with checkpoint_dir=DIR "
+                   "(--checkpoint-dir DIR) to be able to resume after an interruption")
+        else:
+            how = (f"its checkpoints are in {kept}: resume with run(resume=True, checkpoint_dir={kept!r}) "
+                   f"(--resume --checkpoint-dir {kept})")
+        return JobInterrupted(f"job {self.plan.job!r} stopped at once ({why}), without a savepoint; every worker "
+                              f"was stopped; {how}", kept)
 
     def _attempts(self, storage: CheckpointStorage) -> None:
         """Run attempts under the restart strategy until one succeeds or it gives up."""
