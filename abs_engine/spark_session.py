@@ -15,6 +15,9 @@ from typing import Any
 
 from .errors import InputError
 
+#: Spark driver logging for the embedded session: errors only, no start-up notices.
+LOG4J2_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark_log4j2.properties")
+
 #: Pinned so file splits do not depend on the machine's core count.
 PINNED_CONF = {
     "spark.sql.files.maxPartitionBytes": str(16 << 20),
@@ -65,6 +68,9 @@ def embedded_session(master: str | None = None) -> Any:
                 # The driver JVM holds a partition's Arrow batches while serving it (and
                 # toArrow() holds a whole DataFrame): Spark's 1g default is too small.
                 .config("spark.driver.memory", os.environ.get("ABS_ENGINE_SPARK_MEMORY", "4g"))
+                # Errors only, from the start: no start-up notices (the JVM's own "Using
+                # incubator modules" line comes before any logging and stays).
+                .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J2_CONF}")
             )
             for k, v in {**PINNED_CONF, **BARRIER_CONF}.items():
                 builder = builder.config(k, v)

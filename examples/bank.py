@@ -26,7 +26,7 @@ from operators.generators import Progressions
 try:
     from ._common import add_job_flags, read_int_pairs, run_job, verdict
 except ImportError:  # run as a script
-    from _common import add_job_flags, read_int_pairs, run_job, verdict  # type: ignore[no-redef]
+    from _common import add_job_flags, read_int_pairs, run_job, verdict  # type: ignore[no-redef,import-not-found]
 
 INITIAL = 1_000
 
@@ -106,15 +106,15 @@ class Accounts(Operator):
 
 
 def is_credit(r: Any) -> bool:
-    return r[0] == "credit"
+    return bool(r[0] == "credit")
 
 
 def is_balance(r: Any) -> bool:
-    return r[0] == "balance"
+    return bool(r[0] == "balance")
 
 
 def account_of(r: Any) -> int:
-    return r[1]
+    return int(r[1])
 
 
 def fmt(r: Any) -> str:

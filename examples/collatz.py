@@ -22,7 +22,7 @@ from operators import FileSink, Operator, RangeSource
 try:
     from ._common import add_job_flags, read_int_pairs, run_job, verdict
 except ImportError:  # run as a script
-    from _common import add_job_flags, read_int_pairs, run_job, verdict  # type: ignore[no-redef]
+    from _common import add_job_flags, read_int_pairs, run_job, verdict  # type: ignore[no-redef,import-not-found]
 
 
 class CollatzStep(Operator):
@@ -33,7 +33,7 @@ class CollatzStep(Operator):
         self.visits: dict[int, int] = {}
 
     def process(self, batch: list[Any]) -> list[Any]:
-        out = []
+        out: list[tuple[Any, ...]] = []
         visits = self.visits
         for start, n, steps in batch:
             visits[n] = visits.get(n, 0) + 1
@@ -51,11 +51,11 @@ class CollatzStep(Operator):
 
 
 def is_more(r: Any) -> bool:
-    return r[0] == "more"
+    return bool(r[0] == "more")
 
 
 def is_done(r: Any) -> bool:
-    return r[0] == "done"
+    return bool(r[0] == "done")
 
 
 def strip_tag(r: Any) -> Any:

@@ -26,7 +26,7 @@ from operators import FileSink, TextFileSource
 try:
     from ._common import add_job_flags, executor_options, verdict
 except ImportError:  # run as a script
-    from _common import add_job_flags, executor_options, verdict  # type: ignore[no-redef]
+    from _common import add_job_flags, executor_options, verdict  # type: ignore[no-redef,import-not-found]
 
 
 def build_flow(input: str = "input.txt", output: str = "wordcount-out.tsv", parallelism: int = 2,
