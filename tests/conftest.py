@@ -10,6 +10,16 @@ import pytest
 
 from abs_engine.testing import write_zipf_corpus
 
+# The S3 test server's dummy credentials, set before anything starts: a Spark session's JVM
+# (and the workers the Spark executor launches from it) keeps the environment it started
+# with, so setting them only when the server starts left workers without them whenever
+# Spark had started first, and the server then stored their uploads 50 bytes longer than
+# sent (verification refused those checkpoints; the job restarted from scratch).
+S3_TEST_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+for _k, _v in S3_TEST_ENV.items():
+    os.environ.setdefault(_k, _v)
+
 
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -72,8 +82,7 @@ def s3_server() -> object:
     from moto.server import ThreadedMotoServer
     from pyarrow import fs as pafs
 
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+    for k, v in S3_TEST_ENV.items():
         os.environ.setdefault(k, v)
     import logging
 
