@@ -22,8 +22,8 @@ Invariants:
   unreferenced files. Counting from what is on disk leaves nothing to get out of step in
   a crash.
 - Chains stay short: a task writes a full file (compaction by rebasing) after
-  ``MAX_CHAIN`` deltas, when the changes reach half of the state, and for the first
-  snapshot after any start or restore (runtime/increments.py). Savepoints copy the whole
+  ``MAX_CHAIN`` deltas and for the first snapshot after any start or restore, and an
+  operator whose changes exceed a share of its state is written whole (runtime/increments.py). Savepoints copy the whole
   chain, so they stay self-contained.
 """
 

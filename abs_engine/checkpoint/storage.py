@@ -354,12 +354,7 @@ class Metadata:
             if not isinstance(e, (list, tuple)) or len(e) != 3:
                 raise ValueError(f"entry of task {t!r} is not [file, size, sha256]")
             file, size, sha = e
-            if not is_plain_name(file) or file in (METADATA, METADATA_TMP):
-                raise _UnsafeName(f"task {t!r}: file name {file!r} is not a plain file name")
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise ValueError(f"task {t!r}: size {size!r} is not a non-negative integer")
-            if not isinstance(sha, str) or not _SHA256_RE.match(sha):
-                raise ValueError(f"task {t!r}: sha256 {sha!r} is not 64 hex digits")
+            _check_file_fields(f"task {t!r}", file, size, sha)
             tasks[t] = FileEntry(file, size, sha)
         alignment_raw = need("alignment_ms", dict)
         alignment: dict[str, float] = {}
@@ -387,6 +382,17 @@ class Metadata:
         )
 
 
+def _check_file_fields(where: str, file: Any, size: Any, sha: Any) -> None:
+    """A file reference read from metadata: a plain name (not the metadata's own), a
+    non-negative int size, a sha256 of 64 hex digits; ValueError (_UnsafeName) naming it."""
+    if not is_plain_name(file) or file in (METADATA, METADATA_TMP):
+        raise _UnsafeName(f"{where}: file name {file!r} is not a plain file name")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError(f"{where}: size {size!r} is not a non-negative integer")
+    if not isinstance(sha, str) or not _SHA256_RE.match(sha):
+        raise ValueError(f"{where}: sha256 {sha!r} is not 64 hex digits")
+
+
 def _chains(raw: Any, tasks: dict[str, FileEntry], cid: int) -> dict[str, list[ChainRef]]:
     """The chains field, checked: {task: [[checkpoint id < cid, plain file, size, sha256], ...]}
     with ids strictly ascending."""
@@ -406,12 +412,7 @@ def _chains(raw: Any, tasks: dict[str, FileEntry], cid: int) -> dict[str, list[C
             if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid < cid or (
                     chain and rid <= chain[-1].checkpoint_id):
                 raise ValueError(f"chain of task {t!r}: checkpoint id {rid!r} is not ascending and below {cid}")
-            if not is_plain_name(file) or file in (METADATA, METADATA_TMP):
-                raise _UnsafeName(f"chain of task {t!r}: file name {file!r} is not a plain file name")
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise ValueError(f"chain of task {t!r}: size {size!r} is not a non-negative integer")
-            if not isinstance(sha, str) or not _SHA256_RE.match(sha):
-                raise ValueError(f"chain of task {t!r}: sha256 {sha!r} is not 64 hex digits")
+            _check_file_fields(f"chain of task {t!r}", file, size, sha)
             chain.append(ChainRef(rid, file, size, sha))
         if chain:
             out[t] = chain

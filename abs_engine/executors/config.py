@@ -55,11 +55,12 @@ class JobConfig:
         encodes it (cheapest in CPU: a fork costs about three times as much in all);
         ``"auto"`` (default): fork for states of 100k entries or more when the machine has a
         core to spare, else inline (runtime/snapshot_encoding.py).
-    incremental_checkpoints: write keyed state (count, reduce and their final variants)
-        incrementally: each checkpoint holds only the keys changed since an earlier completed
-        one and references that one's files (shared, kept by retention while referenced); a
-        full file is written every 8 checkpoints, when half of a state changed, and after a
-        restore (checkpoint/incremental.py). Checkpoint bytes then follow the changes, not
+    incremental_checkpoints: write keyed state (count, reduce, aggregate, stateful_map, their
+        final variants, KeyedProcess) incrementally: each checkpoint holds only the keys
+        changed since an earlier completed one and references that one's files (shared, kept
+        by retention while referenced); a full file is written after 8 deltas, after a
+        restore, and for a state whose changes exceed half of it (an eighth when only keys
+        are tracked) (checkpoint/incremental.py, runtime/increments.py). Checkpoint bytes then follow the changes, not
         the size of the state; a restore reads the chain.
     allow_non_restored_state: restore a checkpoint or savepoint of a *changed* dataflow (as
         Flink's flag): operators are matched by name; the state of operators the dataflow no

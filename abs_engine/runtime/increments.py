@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..checkpoint.incremental import MAX_CHAIN, PendingDelta
+from .snapshot_encoding import entry_count
 
 MIN_STATE = 1024  #: an operator starts tracking changes once its state has this many keys
 #: A delta is written only while its changes are at most this share of the state; above
@@ -86,7 +87,7 @@ class Increments:
                 deltas.append(name)
                 entries += len(pending) * (1 if pending.values else KEY_COST)
         self.written[checkpoint_id] = self.written[base] + 1 if deltas else 0
-        entries += sum(_entries(s) for n, s in states.items() if n not in deltas)
+        entries += sum(entry_count(s) for n, s in states.items() if n not in deltas)
         return (base if deltas else -1), deltas, entries
 
     def _pause(self, name: str, checkpoint_id: int) -> None:
@@ -104,9 +105,3 @@ class Increments:
         for name, epochs in self.epochs.items():
             self.epochs[name] = [(c, k) for c, k in epochs if c > checkpoint_id]
 
-
-def _entries(state: Any) -> int:
-    try:
-        return len(state)
-    except TypeError:
-        return 1

@@ -132,7 +132,8 @@ def _in_child(states: dict[str, Any], w: int, parent: int) -> None:
         os._exit(code)
 
 
-def _entries(state: Any) -> int:
+def entry_count(state: Any) -> int:
+    """How many entries a state holds, for the choice of fork or inline (1 if it has no length)."""
     try:
         return len(state)
     except TypeError:
@@ -153,7 +154,7 @@ def start(states: dict[str, Any], mode: str = "auto", entries: int | None = None
     OperatorFailure(fatal) at once for an inline state msgpack cannot encode; a forked one
     fails in ``result()``."""
     if entries is None:
-        entries = sum(_entries(s) for s in states.values())
+        entries = sum(entry_count(s) for s in states.values())
     fork = mode == "fork" or (mode == "auto" and entries >= AUTO_MIN_ENTRIES and _spare_core())
     if not fork:
         return Inline(_pack_all(states))
