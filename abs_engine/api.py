@@ -8,9 +8,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, TypeVar, overload
 
-from operators.aggregate import Aggregate, AggregateFinal, FoldFinal, StatefulMap
+from operators.aggregate import Aggregate, AggregateFinal, FoldFinal, MergeFinal, PreAggregate, StatefulMap
 from operators.base import Operator, Sink, Source
 from operators.basic import Filter, FlatMap, Identity, Map
 from operators.keyed import Count, CountFinal, Reduce, ReduceFinal
@@ -22,6 +23,16 @@ from .graph import Edge, LogicalGraph, Node, NodeKind, Partition
 if TYPE_CHECKING:
     from .executors.config import JobResult
     from .plan import Plan
+
+# The types a stream's records have *in the dataflow's code*. What crosses a process is
+# encoded with msgpack (README, "Records"): a list arrives as a tuple, a set or a custom class
+# is refused. The types are a promise to mypy only; nothing checks them at run time.
+T = TypeVar("T")  #: a stream's records
+U = TypeVar("U")  #: the records of the stream a function makes
+K = TypeVar("K")  #: a keyed stream's keys
+A = TypeVar("A")  #: an accumulator
+R = TypeVar("R")  #: what an accumulator's ``result`` makes
+S = TypeVar("S")  #: the per-key state of ``stateful_map``
 
 
 def _on_error(on_error: str) -> str:
@@ -80,7 +91,9 @@ class Dataflow:
             )
         self.graph.nodes[node.name] = node
 
-    def source(self, source: Source, name: str | None = None, parallelism: int | None = None) -> "Stream":
+    def source(self, source: Source[T], name: str | None = None, parallelism: int | None = None) -> "Stream[T]":
+        """The stream of records ``source`` reads, in ``parallelism`` subtasks (the dataflow's
+        default if None). Each subtask reads its own share and snapshots its offset."""
         if not isinstance(source, Source):
             raise GraphError(
                 GraphErrorReason.BAD_ARGUMENT,
@@ -90,8 +103,9 @@ class Dataflow:
         self._add(Node(n, NodeKind.SOURCE, source, type(source).__name__, parallelism))
         return Stream(self, n)
 
-    def feedback(self, name: str | None = None, parallelism: int | None = None) -> "Feedback":
-        """A loop handle: use it as a stream now, ``connect`` the loop's end to it later."""
+    def feedback(self, name: str | None = None, parallelism: int | None = None) -> "Feedback[Any]":
+        """A loop handle: use it as a stream now, ``connect`` the loop's end to it later.
+        Annotate it for typed loops: ``loop: Feedback[int] = flow.feedback()``."""
         n = self._name(name, "feedback")
         self._add(Node(n, NodeKind.OPERATOR, Identity(), "feedback", parallelism, feedback=True, connected=False))
         return Feedback(self, n)
@@ -99,11 +113,14 @@ class Dataflow:
     # -- compiling and running (imported lazily: the API does not depend on the runtime) --
 
     def compile(self) -> "Plan":
+        """Validate the graph and expand it into subtasks and channels (pure data); raises
+        GraphError naming the problem (a cycle with no source, an unconnected feedback...)."""
         from .compiler import compile_graph
 
         return compile_graph(self.graph)
 
     def explain(self) -> str:
+        """The compiled plan as text: operators, subtasks, edges and back-edges."""
         from .compiler import explain
 
         return explain(self.compile())
@@ -130,8 +147,10 @@ class PlanOnly(BaseException):
         self.flow = flow
 
 
-class Stream:
-    """A stream of records produced by one operator."""
+class Stream(Generic[T]):
+    """A stream of records of type ``T`` produced by one operator. Its methods add the next
+    operator and return the stream it produces; ``name`` names that operator (unique in the
+    dataflow, the key of its state in checkpoints) and ``parallelism`` sets its subtasks."""
 
     def __init__(self, flow: Dataflow, node: str, partition: Partition | None = None):
         self.flow = flow
@@ -154,42 +173,55 @@ class Stream:
         self.flow.graph.edges.append(Edge(self.node, n, self._partition))
         return n
 
-    def map(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None,
-            on_error: str = "fail") -> "Stream":
+    def map(self, fn: Callable[[T], U], name: str | None = None, parallelism: int | None = None,
+            on_error: str = "fail") -> "Stream[U]":
         """``fn(record)`` for every record. on_error="skip" drops (and reports) records on
         which ``fn`` raises; the default fails the task, naming the record."""
         return Stream(self.flow, self._then(Map(fn, _on_error(on_error)), "map", f"map({_fn_label(fn)})", name,
                                             parallelism))
 
     def flat_map(
-        self, fn: Callable[[Any], Iterable[Any]], name: str | None = None, parallelism: int | None = None,
+        self, fn: Callable[[T], Iterable[U]], name: str | None = None, parallelism: int | None = None,
         on_error: str = "fail",
-    ) -> "Stream":
+    ) -> "Stream[U]":
         """Every record ``fn(record)`` yields; on_error as in map()."""
         return Stream(self.flow, self._then(FlatMap(fn, _on_error(on_error)), "flat_map", f"flat_map({_fn_label(fn)})",
                                             name, parallelism))
 
-    def filter(self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None,
-               on_error: str = "fail") -> "Stream":
+    def filter(self, fn: Callable[[T], bool], name: str | None = None, parallelism: int | None = None,
+               on_error: str = "fail") -> "Stream[T]":
         """The records for which ``fn(record)`` is true; on_error as in map()."""
         return Stream(self.flow, self._then(Filter(fn, _on_error(on_error)), "filter", f"filter({_fn_label(fn)})",
                                             name, parallelism))
 
-    def apply(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> "Stream":
-        """Any user-defined Operator subclass."""
+    def apply(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> "Stream[Any]":
+        """Any user-defined Operator subclass (operators/base.py: batches in, records out)."""
         return Stream(self.flow, self._then(op, "apply", type(op).__name__, name, parallelism))
 
-    def key_by(self, key: Callable[[Any], Any] | None = None) -> "KeyedStream":
-        """Partition by ``key(record)`` (the record itself when key is None)."""
+    @overload
+    def key_by(self, key: None = None) -> "KeyedStream[T, T]": ...
+
+    @overload
+    def key_by(self, key: Callable[[T], K]) -> "KeyedStream[T, K]": ...
+
+    def key_by(self, key: Callable[[T], Any] | None = None) -> "KeyedStream[T, Any]":
+        """Partition by ``key(record)`` (the record itself when key is None): the next
+        operator is keyed, and every record of one key goes to the same subtask. A key must
+        be msgpack-encodable and hash the same in every process (str, int, bytes, tuples of
+        them...); its key group (``max_parallelism``) decides its subtask."""
         return KeyedStream(self.flow, self.node, key)
 
-    def rebalance(self) -> "Stream":
+    def rebalance(self) -> "Stream[T]":
+        """Send this stream's batches round robin to the next operator's subtasks."""
         return Stream(self.flow, self.node, Partition.REBALANCE)
 
-    def forward(self) -> "Stream":
+    def forward(self) -> "Stream[T]":
+        """Send subtask i's records to the next operator's subtask i (equal parallelism)."""
         return Stream(self.flow, self.node, Partition.FORWARD)
 
-    def union(self, *others: "Stream", name: str | None = None, parallelism: int | None = None) -> "Stream":
+    def union(self, *others: "Stream[T]", name: str | None = None,
+              parallelism: int | None = None) -> "Stream[T]":
+        """The records of this stream and ``others``, interleaved (FIFO per channel)."""
         for o in others:
             if o.flow is not self.flow:
                 raise GraphError(GraphErrorReason.FOREIGN_STREAM, "union() of streams from different Dataflows")
@@ -199,6 +231,8 @@ class Stream:
         return Stream(self.flow, n)
 
     def sink(self, sink: Sink, name: str | None = None, parallelism: int | None = None) -> None:
+        """End the stream in ``sink`` (FileSink, CapturingSink, ParquetSink...). Sinks that
+        publish on checkpoint completion (two-phase commit) give exactly-once output."""
         if not isinstance(sink, Sink):
             raise GraphError(
                 GraphErrorReason.BAD_ARGUMENT, f"Stream.sink() takes an operators.Sink, got {type(sink).__name__}"
@@ -206,27 +240,34 @@ class Stream:
         self._then(sink, "sink", type(sink).__name__, name, parallelism, kind=NodeKind.SINK)
 
 
-class KeyedStream(Stream):
-    """A stream whose next operator is keyed: its input is hash-partitioned by the key."""
+class KeyedStream(Stream[T], Generic[T, K]):
+    """A stream of ``T`` whose next operator is keyed by ``K``: its input is partitioned by
+    the key's key group. The keyed operators' state lives per key; it is checkpointed,
+    split by key group when the job is rescaled, and written incrementally when
+    ``incremental_checkpoints`` is on. Their outputs are ``(key, value)`` pairs."""
 
-    def __init__(self, flow: Dataflow, node: str, key_fn: Callable[[Any], Any] | None):
+    def __init__(self, flow: Dataflow, node: str, key_fn: Callable[[T], K] | None):
         super().__init__(flow, node, Partition.HASH)
         self.key_fn = key_fn
 
-    def _keyed(self, op: Operator, base: str, name: str | None, parallelism: int | None) -> Stream:
-        label = f"{base}(key={_fn_label(self.key_fn) if self.key_fn else 'record'})"
+    def _key_label(self) -> str:
+        return _fn_label(self.key_fn) if self.key_fn else "record"
+
+    def _keyed(self, op: Operator, base: str, name: str | None, parallelism: int | None,
+               key_label: str | None = None) -> Stream[Any]:
+        label = f"{base}(key={key_label or self._key_label()})"
         return Stream(self.flow, self._then(op, base, label, name, parallelism, key_fn=self.key_fn, keyed=True))
 
-    def count(self, name: str | None = None, parallelism: int | None = None) -> Stream:
+    def count(self, name: str | None = None, parallelism: int | None = None) -> Stream[tuple[K, int]]:
         """Running count per key: ``(key, count so far)`` for every record."""
         return self._keyed(Count(self.key_fn), "count", name, parallelism)
 
-    def count_final(self, name: str | None = None, parallelism: int | None = None) -> Stream:
+    def count_final(self, name: str | None = None, parallelism: int | None = None) -> Stream[tuple[K, int]]:
         """Count per key for bounded input: ``(key, count)`` once per key at the end."""
         return self._keyed(CountFinal(self.key_fn), "count_final", name, parallelism)
 
-    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None,
-               on_error: str = "fail") -> Stream:
+    def reduce(self, fn: Callable[[T, T], T], name: str | None = None, parallelism: int | None = None,
+               on_error: str = "fail") -> Stream[tuple[K, T]]:
         """Running reduce per key: a key's first record is its accumulator, then ``acc =
         fn(acc, record)``; emits ``(key, acc)`` for every record. ``fn`` combines two values
         of the record's type; for an accumulator of another type use ``aggregate``. If
@@ -235,43 +276,85 @@ class KeyedStream(Stream):
         return self._keyed(Reduce(fn, self.key_fn, _on_error(on_error)), "reduce", name, parallelism)
 
     def reduce_final(
-        self, fn: Callable[[Any, Any], Any], name: str | None = None, parallelism: int | None = None,
+        self, fn: Callable[[T, T], T], name: str | None = None, parallelism: int | None = None,
         on_error: str = "fail",
-    ) -> Stream:
+    ) -> Stream[tuple[K, T]]:
         """``reduce`` for bounded input: ``(key, acc)`` once per key at the end."""
         return self._keyed(ReduceFinal(fn, self.key_fn, _on_error(on_error)), "reduce_final", name, parallelism)
 
-    def aggregate(self, create: Callable[[], Any], add: Callable[[Any, Any], Any],
-                  result: Callable[[Any], Any] | None = None, name: str | None = None,
-                  parallelism: int | None = None, on_error: str = "fail") -> Stream:
+    @overload
+    def aggregate(self, create: Callable[[], A], add: Callable[[A, T], A], result: None = None,
+                  name: str | None = None, parallelism: int | None = None,
+                  on_error: str = "fail") -> Stream[tuple[K, A]]: ...
+
+    @overload
+    def aggregate(self, create: Callable[[], A], add: Callable[[A, T], A], result: Callable[[A], R],
+                  name: str | None = None, parallelism: int | None = None,
+                  on_error: str = "fail") -> Stream[tuple[K, R]]: ...
+
+    def aggregate(self, create: Callable[[], A], add: Callable[[A, T], A],
+                  result: Callable[[A], Any] | None = None, name: str | None = None,
+                  parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, Any]]:
         """Running aggregate per key (Flink's AggregateFunction): ``acc = add(acc, record)``
         from ``create()``; emits ``(key, result(acc))`` (or ``(key, acc)``) for every record.
         E.g. a running mean: ``aggregate(lambda: (0, 0), lambda a, r: (a[0] + 1, a[1] + r[1]),
-        lambda a: a[1] / a[0])``. See operators/aggregate.py for failures and state."""
+        lambda a: a[1] / a[0])``. If a function raises, the key's accumulator is unchanged
+        and ``on_error`` applies (as in ``reduce``). Accumulators must be msgpack-encodable
+        (README, "Records"). A running aggregate emits for every record, so it takes no
+        ``merge``: pre-aggregation would change its output (``aggregate_final`` takes one)."""
         return self._keyed(Aggregate(create, add, result, self.key_fn, _on_error(on_error)), "aggregate", name,
                            parallelism)
 
-    def aggregate_final(self, create: Callable[[], Any], add: Callable[[Any, Any], Any],
-                        result: Callable[[Any], Any] | None = None, name: str | None = None,
-                        parallelism: int | None = None, on_error: str = "fail") -> Stream:
-        """``aggregate`` for bounded input: ``(key, result(acc))`` once per key at the end."""
-        return self._keyed(AggregateFinal(create, add, result, self.key_fn, _on_error(on_error)), "aggregate_final",
-                           name, parallelism)
+    @overload
+    def aggregate_final(self, create: Callable[[], A], add: Callable[[A, T], A], result: None = None,
+                        merge: Callable[[A, A], A] | None = None, name: str | None = None,
+                        parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, A]]: ...
 
-    def fold_final(self, create: Callable[[], Any], fold: Callable[[Any, Any], Any], name: str | None = None,
-                   parallelism: int | None = None, on_error: str = "fail") -> Stream:
+    @overload
+    def aggregate_final(self, create: Callable[[], A], add: Callable[[A, T], A], result: Callable[[A], R],
+                        merge: Callable[[A, A], A] | None = None, name: str | None = None,
+                        parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, R]]: ...
+
+    def aggregate_final(self, create: Callable[[], A], add: Callable[[A, T], A],
+                        result: Callable[[A], Any] | None = None, merge: Callable[[A, A], A] | None = None,
+                        name: str | None = None, parallelism: int | None = None,
+                        on_error: str = "fail") -> Stream[tuple[K, Any]]:
+        """``aggregate`` for bounded input: ``(key, result(acc))`` once per key at the end.
+
+        With ``merge(acc1, acc2)`` the records are pre-aggregated before the shuffle: the
+        upstream task folds each batch into one partial accumulator per key and only the
+        partials cross to the keyed task, which merges them. Fewer, smaller records travel
+        (a count over few keys sends one pair per key per batch). ``merge`` must make the
+        same accumulator as adding both parts' records to one (associative, as Flink's
+        AggregateFunction.merge); it sees partials as they arrive from another process (a
+        list as a tuple). The pre-aggregation step is named ``<name>_pre`` and keeps no state."""
+        if merge is None:
+            return self._keyed(AggregateFinal(create, add, result, self.key_fn, _on_error(on_error)),
+                               "aggregate_final", name, parallelism)
+        upstream = self.flow.graph.nodes[self.node]
+        pre = Stream(self.flow, self.node, Partition.FORWARD)._then(
+            PreAggregate(create, add, self.key_fn, _on_error(on_error)), "pre_aggregate",
+            f"pre_aggregate(key={self._key_label()})",
+            None if name is None else f"{name}_pre", upstream.parallelism)
+        partials: KeyedStream[tuple[Any, A], Any] = KeyedStream(self.flow, pre, itemgetter(0))
+        return partials._keyed(MergeFinal(merge, result, _on_error(on_error)), "aggregate_final", name,
+                               parallelism, key_label=f"{self._key_label()}, merge={_fn_label(merge)}")
+
+    def fold_final(self, create: Callable[[], A], fold: Callable[[A, T], A], name: str | None = None,
+                   parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, A]]:
         """Fold per key for bounded input (Bytewax's ``fold_final``): ``acc = fold(acc,
         record)`` from ``create()``; ``(key, acc)`` once per key at the end."""
         return self._keyed(FoldFinal(create, fold, self.key_fn, _on_error(on_error)), "fold_final", name,
                            parallelism)
 
-    def stateful_map(self, fn: Callable[[Any, Any], tuple[Any, Any]], name: str | None = None,
-                     parallelism: int | None = None, on_error: str = "fail") -> Stream:
+    def stateful_map(self, fn: Callable[[S | None, T], tuple[S | None, U]], name: str | None = None,
+                     parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, U]]:
         """Per key (Bytewax's ``stateful_map``): ``state, out = fn(state, record)``, ``state``
-        None for a key's first record; emits ``(key, out)``; returning state None drops it."""
+        None for a key's first record; emits ``(key, out)``; returning state None drops it.
+        The state must be msgpack-encodable (after a restore a list comes back as a tuple)."""
         return self._keyed(StatefulMap(fn, self.key_fn, _on_error(on_error)), "stateful_map", name, parallelism)
 
-    def apply_keyed(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> Stream:
+    def apply_keyed(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> Stream[Any]:
         """A user-defined keyed operator; it must key its state by the same key. A
         ``KeyedProcess`` (operators/keyed_process.py) gets this stream's key function and
         runtime-owned per-key state (snapshotted, rescaled by key group, incremental)."""
@@ -282,10 +365,12 @@ class KeyedStream(Stream):
         return self._keyed(op, "keyed", name, parallelism)
 
 
-class Feedback(Stream):
-    """The head of a loop: records sent to ``connect(stream)`` come back here."""
+class Feedback(Stream[T]):
+    """The head of a loop: records sent to ``connect(stream)`` come back here, on a
+    back-edge (records in flight on it at a checkpoint are logged into the snapshot)."""
 
-    def connect(self, stream: Stream) -> None:
+    def connect(self, stream: Stream[T]) -> None:
+        """Close the loop: ``stream``'s records flow back to this feedback (once only)."""
         node = self.flow.graph.nodes[self.node]
         if node.connected:
             raise GraphError(GraphErrorReason.BAD_ARGUMENT, f"feedback {self.node!r} is already connected", self.node)

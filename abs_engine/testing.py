@@ -19,13 +19,15 @@ from __future__ import annotations
 import os
 import random
 import signal
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 from operators.base import OperatorContext, Source
 from operators.files import FileSink
 from operators.generators import Progressions
 
 from . import codec
+
+T = TypeVar("T")
 
 
 class _Abort:
@@ -49,12 +51,16 @@ def _the_abort() -> _Abort:
     return TestingSource.ABORT
 
 
-class TestingSource(Source):
+class TestingSource(Source[T]):
+    """The records of ``items``, replayable (offsets are list indices); subtask i of p reads
+    items i, i+p, i+2p, ... ``ABORT`` in the list kills the reading worker in the first
+    attempt (and is never emitted)."""
+
     __test__ = False  # not a pytest test class
     ABORT = _Abort()
 
-    def __init__(self, items: Iterable[Any], batch_size: int = 100):
-        self.items = list(items)
+    def __init__(self, items: Iterable[T], batch_size: int = 100):
+        self.items: list[Any] = list(items)
         self.batch_size = batch_size
 
     def open(self, ctx: OperatorContext) -> None:
@@ -62,7 +68,7 @@ class TestingSource(Source):
         # Subtask i of p owns items i, i+p, i+2p, ...; its offset is what it has left of them.
         self.todo = Progressions.of_subtask(len(self.items), ctx.subtask_index, ctx.parallelism)
 
-    def read_batch(self) -> list[Any] | None:
+    def read_batch(self) -> list[T] | None:
         r = self.todo.take(self.batch_size)
         if r is None:
             return None

@@ -41,7 +41,7 @@ def transfers(accounts: int, count: int, seed: int) -> list[tuple[int, int, int]
     return out
 
 
-class TransferSource(Source):
+class TransferSource(Source[tuple[str, int, int, int]]):
     """Replayable: transfer j goes to source subtask j % p; the offset is what the subtask
     has left of them (arithmetic progressions of indices, which also lets it rescale)."""
 
@@ -53,7 +53,7 @@ class TransferSource(Source):
         self.all = transfers(self.accounts, self.count, self.seed)
         self.todo = Progressions.of_subtask(self.count, ctx.subtask_index, ctx.parallelism)
 
-    def read_batch(self) -> list[Any] | None:
+    def read_batch(self) -> list[tuple[str, int, int, int]] | None:
         r = self.todo.take(self.batch_size)
         if r is None:
             return None

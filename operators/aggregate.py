@@ -8,6 +8,14 @@ Semantics (every one keyed: records of one key arrive at one subtask, in order p
   for a key's first record; emits ``(key, result(acc))`` (``acc`` if ``result`` is None)
   for every record. ``AggregateFinal`` emits it once per key at end of input.
 - ``FoldFinal(create, fold)``: ``AggregateFinal`` without ``result``.
+- Pre-aggregation (``aggregate_final(..., merge=m)``): ``PreAggregate`` runs in the
+  upstream task, before the shuffle, and folds each *batch* into one partial accumulator per
+  key, emitted as ``(key, partial)``; ``MergeFinal`` merges the partials per key with
+  ``acc = m(acc, partial)``. It holds no state across batches (a barrier sees it empty), so
+  it needs no checkpoint; the output equals ``AggregateFinal``'s when ``m`` is associative
+  and ``m(fold of xs, fold of ys) == fold of xs + ys`` (Flink's AggregateFunction.merge
+  contract). Partials cross a process, so ``m`` sees them as records arrive (a list as a
+  tuple).
 - ``StatefulMap(fn)``: ``state, out = fn(state, record)`` with ``state`` None for a key's
   first record (or after it was dropped); emits ``(key, out)``; returning state None drops
   the key's state.
@@ -20,8 +28,10 @@ comes back as a list after a restore, as records crossing a process do).
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any, Callable
 
+from .base import Operator, RecordError, check_on_error
 from .keyed import KeyFn, Reduce
 
 _NONE = object()
@@ -89,6 +99,50 @@ class AggregateFinal(Aggregate):
             except Exception as e:
                 self._failed((k, acc), e)
         return out
+
+
+class PreAggregate(Operator):
+    """One partial accumulator per key and batch: ``(key, partial)`` pairs, no state (see
+    the module docstring)."""
+
+    def __init__(self, create: Callable[[], Any], add: Callable[[Any, Any], Any], key_fn: KeyFn = None,
+                 on_error: str = "fail"):
+        self.create = create
+        self.add = add
+        self.key_fn = key_fn
+        self.on_error = check_on_error(on_error)
+        self.skipped = []
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        create, add, key_fn = self.create, self.add, self.key_fn
+        partials: dict[Any, Any] = {}
+        for rec in batch:
+            try:
+                k = rec if key_fn is None else key_fn(rec)
+                acc = partials.get(k, _NONE)
+                partials[k] = add(create() if acc is _NONE else acc, rec)
+            except Exception as e:
+                if self.on_error == "fail":
+                    raise RecordError(rec) from e
+                self.skipped.append((rec, e))
+        return list(partials.items())
+
+
+class MergeFinal(AggregateFinal):
+    """The keyed half of pre-aggregation: ``acc = merge(acc, partial)`` for each ``(key,
+    partial)`` record; ``(key, result(acc))`` once per key at the end."""
+
+    def __init__(self, merge: Callable[[Any, Any], Any], result: Callable[[Any], Any] | None = None,
+                 on_error: str = "fail"):
+        super().__init__(_no_create, merge, result, itemgetter(0), on_error)
+
+    def _step(self, state: dict[Any, Any], k: Any, rec: Any) -> Any:
+        acc = state.get(k, _NONE)
+        return rec[1] if acc is _NONE else self.fn(acc, rec[1])
+
+
+def _no_create() -> Any:  # MergeFinal starts from a key's first partial
+    raise AssertionError("MergeFinal never creates an accumulator")
 
 
 class FoldFinal(AggregateFinal):

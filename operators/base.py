@@ -25,7 +25,9 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Generic, TypeVar
+
+T = TypeVar("T")  #: the records a source yields
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,10 @@ class Operator(ABC):
         pass
 
 
-class Source(ABC):
-    """A replayable source: ``snapshot`` returns the read offset, ``restore`` rewinds to it."""
+class Source(ABC, Generic[T]):
+    """A replayable source of records of type ``T``: ``snapshot`` returns the read offset,
+    ``restore`` rewinds to it. ``Dataflow.source`` turns a ``Source[T]`` into a
+    ``Stream[T]``."""
 
     #: A source that reports this many records per read_batch is fine; batches should be
     #: large enough (thousands of records) to amortise the per-batch cost downstream.
@@ -151,7 +155,7 @@ class Source(ABC):
         """Called in the driver when the job has ended, however it ended."""
 
     @abstractmethod
-    def read_batch(self) -> list[Any] | None:
+    def read_batch(self) -> list[T] | None:
         """Return the next batch (may be empty), or None when the input is exhausted."""
 
     @abstractmethod

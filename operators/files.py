@@ -30,7 +30,7 @@ def file_fingerprint(f: Any) -> list[Any]:
     return [st.st_size, st.st_mtime_ns, h.hexdigest()]
 
 
-class TextFileSource(Source):
+class TextFileSource(Source[str]):
     """Lines of a UTF-8 text file, without their newline.
 
     Subtask i of p reads the lines that *start* in byte range [size*i/p, size*(i+1)/p).
@@ -77,7 +77,7 @@ class TextFileSource(Source):
         self._f.readline()
         return self._f.tell()
 
-    def read_batch(self) -> list[Any] | None:
+    def read_batch(self) -> list[str] | None:
         while self.pos >= self.end:
             if not self.more:
                 return None

@@ -56,7 +56,7 @@ class Progressions:
 Owns = Callable[[Any], bool]
 
 
-class RangeSource(Source):
+class RangeSource(Source[int]):
     """The integers ``start <= i < stop``; subtask k of p emits those with i % p == k
     (relative to start), in increasing order. Its offset is what it has left to emit
     (``Progressions``), which is also what lets it rescale."""
@@ -70,7 +70,7 @@ class RangeSource(Source):
         super().open(ctx)
         self.todo = Progressions.of_subtask(self.stop - self.start, ctx.subtask_index, ctx.parallelism)
 
-    def read_batch(self) -> list[Any] | None:
+    def read_batch(self) -> list[int] | None:
         r = self.todo.take(self.batch_size)
         if r is None:
             return None

@@ -64,7 +64,7 @@ def dataframe_fingerprint(df: Any) -> tuple[str, int]:
     return hashlib.sha256(codec.pack(doc)).hexdigest()[:16], n
 
 
-class SparkSource(Source):
+class SparkSource(Source[Any]):
     """Rows of a Spark DataFrame. With ``column`` (or a one-column DataFrame) each record is
     that column's value; otherwise a tuple of all columns."""
 

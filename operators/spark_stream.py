@@ -46,7 +46,7 @@ def _batch_id(name: str) -> int | None:
     return None
 
 
-class SparkStreamSource(Source):
+class SparkStreamSource(Source[Any]):
     #: Its streaming query runs Spark jobs while the dataflow runs: on the Spark executor that
     #: slot must stay free beside the workers' barrier stage.
     spark_slots = 1

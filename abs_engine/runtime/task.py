@@ -69,7 +69,7 @@ class Task:
         spec: TaskSpec,
         op_names: list[str],
         ops: list[Operator],
-        source: Source | None,
+        source: Source[Any] | None,
         source_name: str | None,
         outputs: list[Output],
         inputs: dict[str, InputChannel],

@@ -12,6 +12,7 @@ from abs_engine import Dataflow
 from abs_engine.errors import JobFailed
 from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
 from operators import Aggregate, AggregateFinal, FoldFinal, StatefulMap
+from operators.aggregate import MergeFinal, PreAggregate
 from operators.base import OperatorContext, RecordError
 
 EVENTS = [(f"u{random.Random(i).randrange(300)}", i % 97) for i in range(20_000)]  # (user, seconds)
@@ -86,6 +87,31 @@ def test_aggregate_final_and_fold_final_emit_once_per_key_at_the_end():
     assert dict(fold.finish()) == by_user
 
 
+def merge(a, b):  # type: ignore[no-untyped-def]
+    return (a[0] + b[0], a[1] + b[1])
+
+
+def test_pre_aggregation_sends_one_partial_per_key_and_batch_and_merges_to_the_same_result():
+    pre = opened(PreAggregate(zero, add, key_fn=user))
+    final = opened(MergeFinal(merge, mean))
+    sent = 0
+    for i in range(0, len(EVENTS), 1000):
+        partials = pre.process(EVENTS[i:i + 1000])
+        assert len(partials) == len({u for u, _ in EVENTS[i:i + 1000]})  # one per key in the batch
+        sent += len(partials)
+        # Partials cross a process: a tuple accumulator arrives as msgpack decodes it.
+        assert final.process([(k, list(acc)) for k, acc in partials]) == []
+    assert sent < len(EVENTS) / 2
+    assert dict(final.finish()) == dict(oracle_running_mean(EVENTS))
+    skipping = opened(PreAggregate(zero, lambda a, r: add(a, r) if r[1] != 13 else 1 / 0, key_fn=user,
+                                   on_error="skip"))
+    assert dict(skipping.process([("a", 1), ("a", 13), ("a", 2)])) == {"a": (2, 3)}
+    assert [r for r, _ in skipping.skipped] == [("a", 13)]
+    with pytest.raises(RecordError) as info:
+        opened(PreAggregate(zero, lambda a, r: 1 / 0, key_fn=user)).process([("b", 7)])
+    assert info.value.record == ("b", 7)
+
+
 def test_stateful_map_keeps_and_drops_state():
     op = opened(StatefulMap(sessions, key_fn=user))
     assert op.process(EVENTS) == oracle_sessions(EVENTS)
@@ -156,3 +182,23 @@ def test_a_poison_record_in_aggregate_fails_the_job_naming_it(tmp_path):
     with pytest.raises(JobFailed) as info:
         f.run(checkpoint_interval=0.05, restart_attempts=2, restart_delay=0)
     assert info.value.operator == "mean" and "42" in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_aggregate_final_with_merge_is_exact_under_sigkills_and_chains_the_pre_aggregation(tmp_path):
+    events = EVENTS * 10
+    f = Dataflow("dwell", parallelism=2)
+    f.source(TestingSource(events, batch_size=50), name="events").key_by(user).aggregate_final(
+        zero, add, mean, merge=merge, name="mean").sink(CapturingSink(tmp_path / "out"), name="sink",
+                                                         parallelism=1)
+    plan = f.explain()
+    # The pre-aggregation is fused into the source's task: only partials cross the shuffle.
+    assert "events [TestingSource] -> mean_pre [pre_aggregate(key=user)]" in plan, plan
+    assert "mean [aggregate_final(key=user, merge=merge)]" in plan, plan
+    chaos = KillOnCheckpoints([1, 3], seed=5)
+    res = f.run(checkpoint_interval=0.02, checkpoint_dir=str(tmp_path / "ck"), chaos=chaos, restart_delay=0)
+    assert res.kills >= 1
+    got = CapturingSink(tmp_path / "out").records()
+    expected = dict(oracle_running_mean(events))
+    assert len(got) == len(expected) and {k: v for k, v in got} == expected
