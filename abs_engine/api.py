@@ -1,5 +1,7 @@
 """The user-facing graph API: a Dataflow, and Streams with map/flat_map/filter/key_by/...
 
+A word count::
+
     flow = Dataflow("wordcount", parallelism=2)
     words = flow.source(TextFileSource("in.txt")).flat_map(str.split)
     words.key_by().count_final().sink(FileSink("out.tsv"), parallelism=1)
@@ -351,7 +353,7 @@ class KeyedStream(Stream[T], Generic[T, K]):
                      parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, U]]:
         """Per key (Bytewax's ``stateful_map``): ``state, out = fn(state, record)``, ``state``
         None for a key's first record; emits ``(key, out)``; returning state None drops it.
-        The state must be msgpack-encodable (after a restore a list comes back as a tuple)."""
+        The state must be msgpack-encodable (after a restore a tuple comes back as a list)."""
         return self._keyed(StatefulMap(fn, self.key_fn, _on_error(on_error)), "stateful_map", name, parallelism)
 
     def apply_keyed(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> Stream[Any]:

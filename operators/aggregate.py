@@ -4,6 +4,7 @@ the runtime-owned map of operators/keyed.py: checkpointed, re-split by key group
 rescale, written incrementally.
 
 Semantics (every one keyed: records of one key arrive at one subtask, in order per input):
+
 - ``Aggregate(create, add, result)``: ``acc = add(acc, record)``, starting from ``create()``
   for a key's first record; emits ``(key, result(acc))`` (``acc`` if ``result`` is None)
   for every record. ``AggregateFinal`` emits it once per key at end of input.
@@ -19,11 +20,13 @@ Semantics (every one keyed: records of one key arrive at one subtask, in order p
 - ``StatefulMap(fn)``: ``state, out = fn(state, record)`` with ``state`` None for a key's
   first record (or after it was dropped); emits ``(key, out)``; returning state None drops
   the key's state.
+
 If a user function raises, the key's state is unchanged (provided it did not mutate the
 accumulator in place before raising): with on_error="fail" (default) the task fails naming
 the record (and the job fails if it fails again on it after a restart); with "skip" the
-record is dropped and reported. Accumulators and states must be msgpack-encodable (a tuple
-comes back as a list after a restore, as records crossing a process do).
+record is dropped and reported. Accumulators and states must be msgpack-encodable: after a
+restore a tuple comes back as a list (records crossing a process go the other way: a list
+arrives as a tuple).
 """
 
 from __future__ import annotations

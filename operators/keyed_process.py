@@ -6,7 +6,8 @@ state.value`` to forget the key; or ``state.map``, a dict of its own per key), a
 the records to emit (any iterable; None for none). The runtime does the rest as for the
 built-in keyed operators: every key's state is snapshotted, restored, re-split by key
 group when the operator's parallelism changes (``rescale_state``), and written
-incrementally with ``incremental_checkpoints`` (only the keys a batch touched).
+incrementally with ``incremental_checkpoints`` (only the keys a batch touched). For
+example::
 
     class RunningMean(KeyedProcess):
         def process_key(self, key, record, state):
@@ -82,6 +83,8 @@ class KeyedProcess(_Keyed):
             self.state = {}
 
     def process_key(self, key: Any, record: Any, state: KeyState) -> Iterable[Any] | None:
+        """One ``record`` of ``key``, with that key's ``state``: return the records to emit
+        (None for none). Records of one key come in order per input channel."""
         raise NotImplementedError("implement process_key(key, record, state) in your KeyedProcess subclass")
 
     def process(self, batch: list[Any]) -> list[Any]:

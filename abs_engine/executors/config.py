@@ -11,68 +11,102 @@ EXECUTORS = ("local", "spark")
 
 @dataclass(frozen=True)
 class JobConfig:
-    """How to run a job.
+    """How to run a job: ``flow.run(**options)`` builds one from its keyword arguments.
 
-    executor: who starts the workers: "local" (the default: one OS process per task on this
+    ``executor``
+        who starts the workers: "local" (the default: one OS process per task on this
         machine) or "spark" (the workers run inside a Spark barrier stage on the cluster of
         ``spark``, a SparkSession, or of the embedded local session; see executors/spark.py).
-    spark: the SparkSession of executor="spark" (None: the embedded local session).
-    mode: "aligned" (ABS checkpoints every ``checkpoint_interval`` seconds), "stop-the-world"
+    ``spark``
+        the SparkSession of executor="spark" (None: the embedded local session).
+    ``mode``
+        "aligned" (ABS checkpoints every ``checkpoint_interval`` seconds), "stop-the-world"
         (every interval: pause the sources, wait until counts prove nothing is in flight,
         snapshot every task, resume; the baseline ABS is measured against), or "none" (no
         periodic checkpoints: a failure restarts from scratch; the final commit still happens).
-    checkpoint_dir: where checkpoints go: a local directory, ``file:///shared/mount/...``, or a
+    ``checkpoint_interval``
+        seconds between checkpoints (their triggers; default 1.0).
+    ``checkpoint_timeout``
+        seconds a checkpoint may take before it expires (default 120); see
+        ``tolerable_failed_checkpoints``.
+    ``max_concurrent_checkpoints``
+        checkpoints that may be in progress at once (default 1: the next is triggered when
+        the previous one has completed or expired).
+    ``retained_checkpoints``
+        completed checkpoints kept in ``checkpoint_dir`` (default 3; older ones are deleted,
+        except files an incremental checkpoint still uses).
+    ``checkpoint_dir``
+        where checkpoints go: a local directory, ``file:///shared/mount/...``, or a
         remote URI that pyarrow.fs opens (``s3://bucket/prefix``, ``gs://``, ``hdfs://host/path``;
         S3 endpoint and region may go in the query: ``?endpoint_override=host:port&scheme=http``,
         credentials in the environment). A temporary directory (deleted after success) if None.
-    resume: continue from the newest valid checkpoint already in ``checkpoint_dir``; without it
+    ``resume``
+        continue from the newest valid checkpoint already in ``checkpoint_dir``; without it
         a directory that holds checkpoints is refused (it belongs to another run).
-    restart_attempts / restart_delay: fixed-delay restart strategy; a job that fails more than
+    ``restart_attempts``, ``restart_delay``
+        fixed-delay restart strategy; a job that fails more than
         ``restart_attempts`` times fails with the last error.
-    progress: print a progress line to stderr about once a second.
-    chaos: failure injection for tests (abs_engine.testing.KillOnCheckpoints, RandomKills).
-    stop_when: called with the running JobResult about every 0.1 s; when it returns True the
+    ``progress``
+        print a progress line to stderr about once a second.
+    ``chaos``
+        failure injection for tests (abs_engine.testing.KillOnCheckpoints, RandomKills).
+    ``stop_when``
+        called with the running JobResult about every 0.1 s; when it returns True the
         job is cancelled (workers killed) and run() returns with ``cancelled=True``. For jobs
         that never end on their own (unbounded sources, loops that never drain).
-    task_timeout: a single call of operator code (a user function on a batch, a source read,
+    ``task_timeout``
+        a single call of operator code (a user function on a batch, a source read,
         a snapshot, a publish) that runs longer fails its task, naming the operator and showing
         its Python stack; a worker silent for this long (no heartbeat) fails too. 0 disables.
-    heartbeat_interval: seconds between a worker's heartbeats; a worker whose driver is gone
+    ``heartbeat_interval``
+        seconds between a worker's heartbeats; a worker whose driver is gone
         exits within about one interval.
-    tolerable_failed_checkpoints: consecutive checkpoints that may expire (``checkpoint_timeout``)
+    ``tolerable_failed_checkpoints``
+        consecutive checkpoints that may expire (``checkpoint_timeout``)
         before the job fails over (Flink's setting); None: never fail over for that.
-    startup_timeout: seconds for an attempt's workers to connect, restore and be running.
-    tls: encrypt every connection between engine processes (worker -> driver control,
+    ``host``
+        the address the driver's control server and the workers' data servers bind to
+        (default 127.0.0.1: one machine; the Spark executor on a cluster picks reachable ones).
+    ``startup_timeout``
+        seconds for an attempt's workers to connect, restore and be running.
+    ``tls``
+        encrypt every connection between engine processes (worker -> driver control,
         worker -> worker data, Spark source -> the driver's partition server) with mutual
         TLS 1.3. The driver makes a fresh key and self-signed certificate for each attempt
         (abs_engine/tls.py; it needs the ``cryptography`` package) and hands them to the
         workers like the attempt's secret: on stdin, never on a command line, never into a
         checkpoint. The secret's handshake still runs, inside TLS. Off by default: on one
         machine, or a trusted network, it only costs time.
-    snapshot_encoding: how a task encodes its snapshot. ``"fork"``: the task thread forks
+    ``snapshot_encoding``
+        how a task encodes its snapshot. ``"fork"``: the task thread forks
         and the child encodes the copy-on-write image of the state, so the task thread's
         share does not grow with the state (as Redis's BGSAVE); ``"inline"``: the task thread
         encodes it (cheapest in CPU: a fork costs about three times as much in all);
         ``"auto"`` (default): fork for states of 100k entries or more when the machine has a
         core to spare, else inline (runtime/snapshot_encoding.py).
-    incremental_checkpoints: write keyed state (count, reduce, aggregate, stateful_map, their
+    ``incremental_checkpoints``
+        write keyed state (count, reduce, aggregate, stateful_map, their
         final variants, KeyedProcess) incrementally: each checkpoint holds only the keys
         changed since an earlier completed one and references that one's files (shared, kept
         by retention while referenced); a full file is written after 8 deltas, after a
         restore, and for a state whose changes exceed half of it (an eighth when only keys
         are tracked) (checkpoint/incremental.py, runtime/increments.py). Checkpoint bytes then follow the changes, not
         the size of the state; a restore reads the chain.
-    allow_non_restored_state: restore a checkpoint or savepoint of a *changed* dataflow (as
+    ``allow_non_restored_state``
+        restore a checkpoint or savepoint of a *changed* dataflow (as
         Flink's flag): operators are matched by name; the state of operators the dataflow no
         longer has is dropped, added operators start empty, an operator whose kind changed
         is refused (RescaleError). Off: a changed dataflow is refused (PLAN_MISMATCH).
-    restore_from: a savepoint (a directory abs-engine wrote, or its URI) to start from when
+    ``restore_from``
+        a savepoint (a directory abs-engine wrote, or its URI) to start from when
         the checkpoint directory holds no checkpoint of the job yet; at another parallelism
         it is rescaled. A corrupt or foreign savepoint is a CheckpointError, never a fresh
         start.
-    savepoint_dir: where savepoints go (``<checkpoint_dir>/savepoints`` by default for a
+    ``savepoint_dir``
+        where savepoints go (``<checkpoint_dir>/savepoints`` by default for a
         local checkpoint directory, else ``./savepoints``).
-    stop_with_savepoint_on_signal: while run() runs in the main thread, SIGTERM or Ctrl-C
+    ``stop_with_savepoint_on_signal``
+        while run() runs in the main thread, SIGTERM or Ctrl-C
         takes a savepoint, commits the sinks and returns (``JobResult.savepoint``,
         ``stopped_with_savepoint``); a second signal stops at once.
     """
@@ -136,14 +170,19 @@ class JobConfig:
 
 @dataclass(frozen=True)
 class CheckpointStat:
-    checkpoint_id: int
-    duration_ms: float
-    bytes: int
+    """One completed checkpoint, as ``JobResult.checkpoints`` lists it."""
+
+    checkpoint_id: int  #: its number (``chk-<id>`` in the checkpoint directory)
+    duration_ms: float  #: from its trigger to its last acknowledgement
+    bytes: int  #: the state it wrote, all tasks' files together
+    #: The longest time a task spent aligning its barriers (first barrier to last).
     max_alignment_ms: float
-    final: bool
+    final: bool  #: taken at the end of a bounded job (it commits the last output)
     #: The slowest task's share of its snapshot on the task thread (operators' snapshot()
-    #: and the copy), and from there to its acknowledgement (encoding if forked, the write).
+    #: and the copy).
     max_sync_ms: float = 0.0
+    #: The slowest task's time from there to its acknowledgement (the encoding if forked,
+    #: the write).
     max_async_ms: float = 0.0
     #: Incremental checkpoints: tasks whose file holds deltas on an earlier checkpoint's
     #: (``bytes`` counts only what this checkpoint wrote).
@@ -157,12 +196,14 @@ KEEP_CHECKPOINT_STATS = 1000
 
 @dataclass
 class JobResult:
-    job: str
-    duration_s: float = 0.0
+    """What ``run()`` returns (and what ``stop_when`` sees while the job runs)."""
+
+    job: str  #: the dataflow's name
+    duration_s: float = 0.0  #: seconds from the start of run() to its end (the progress lines' clock)
     #: Seconds from the start until every task of the last attempt was running (start-up:
     #: workers launched, connected, restored); ``duration_s - running_after_s`` is the run.
     running_after_s: float = 0.0
-    restarts: int = 0
+    restarts: int = 0  #: attempts started after a failure
     kills: int = 0  #: workers the ``chaos`` option killed
     #: Workers that died (a signal, a crash) or went silent, whoever killed them; each one
     #: is followed by a restart (``restarts``) unless the job gave up.
@@ -174,15 +215,16 @@ class JobResult:
     attempt_source_records: list[int] = field(default_factory=list)  #: the same, per attempt
     #: Completed checkpoints, the most recent KEEP_CHECKPOINT_STATS of them at least.
     checkpoints: list[CheckpointStat] = field(default_factory=list)
-    checkpoints_completed: int = 0
-    checkpoints_expired: int = 0
+    checkpoints_completed: int = 0  #: all of them (``checkpoints`` keeps the recent ones)
+    checkpoints_expired: int = 0  #: checkpoints that passed ``checkpoint_timeout``
     skipped_records: int = 0  #: dropped by operators with on_error="skip"
-    job_id: str = ""
-    failures: list[str] = field(default_factory=list)
-    restored_from: list[int] = field(default_factory=list)
+    job_id: str = ""  #: the job's identity in its checkpoints (kept across resumes)
+    failures: list[str] = field(default_factory=list)  #: why each failed attempt failed
+    restored_from: list[int] = field(default_factory=list)  #: the checkpoint each attempt restored (none: started empty)
+    #: Checkpoints a restore passed over (corrupt or incomplete), each with the reason.
     skipped_checkpoints: list[str] = field(default_factory=list)
-    checkpoint_dir: str = ""
-    cancelled: bool = False
+    checkpoint_dir: str = ""  #: where this run's checkpoints went
+    cancelled: bool = False  #: ``stop_when`` ended the job
     savepoint: str = ""  #: the last savepoint taken (its location)
     stopped_with_savepoint: bool = False  #: a signal stopped the job after its savepoint
 
