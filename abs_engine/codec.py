@@ -29,7 +29,7 @@ MAX_CONTROL_FRAME = 16 << 20  #: what the driver accepts from a worker (acks, fa
 
 class FrameKind:
     RECORDS = 0  #: payload: msgpack array of records
-    BARRIER = 1  #: payload: msgpack int (checkpoint id)
+    BARRIER = 1  #: payload: msgpack int (checkpoint id), or [id, 1] when unaligned
     END = 2  #: payload: empty; end of stream on this channel
     CONTROL = 3  #: payload: msgpack control message (see messages.py)
     HELLO = 4  #: payload: msgpack channel id, first frame on a data connection
@@ -51,6 +51,60 @@ def frame(kind: int, payload: bytes = b"") -> bytes:
 def records_frame(batch: list[Any]) -> bytes:
     payload: bytes = msgpack.packb(batch, use_bin_type=True)
     return HEADER.pack(len(payload), FrameKind.RECORDS) + payload
+
+
+def _array_head(payload: bytes) -> tuple[int, int]:
+    """(elements, header bytes) of the msgpack array ``payload`` starts with."""
+    first = payload[0]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F, 1
+    if first == 0xDC:
+        return int.from_bytes(payload[1:3], "big"), 3
+    if first == 0xDD:
+        return int.from_bytes(payload[1:5], "big"), 5
+    raise ValueError(f"not a msgpack array (first byte 0x{first:02x})")
+
+
+def array_length(payload: bytes) -> int:
+    """The number of elements of the msgpack array ``payload`` (a RECORDS frame's batch),
+    read from its header alone."""
+    return _array_head(payload)[0]
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def join_arrays(payloads: list[bytes]) -> bytes:
+    """One msgpack array of every element of the arrays ``payloads`` (logged frames become
+    one packed list of records without decoding them)."""
+    if len(payloads) == 1:
+        return payloads[0]
+    total, bodies = 0, []
+    for p in payloads:
+        n, head = _array_head(p)
+        total += n
+        bodies.append(memoryview(p)[head:])
+    return _array_header(total) + b"".join(bodies)
+
+
+def barrier_payload(checkpoint_id: int, unaligned: bool) -> bytes:
+    """A barrier's payload: the checkpoint id, and ``[id, 1]`` for an unaligned checkpoint's
+    barrier (its receiver snapshots at once instead of aligning)."""
+    return pack([checkpoint_id, 1] if unaligned else checkpoint_id)
+
+
+def parse_barrier(payload: bytes) -> tuple[int, bool]:
+    v = unpack(payload)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v, False
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], int):
+        return v[0], bool(v[1])
+    raise ProtocolError(ProtocolErrorReason.MALFORMED, f"a barrier frame carries {v!r}, not a checkpoint id")
 
 
 class FrameReader:

@@ -44,14 +44,19 @@ class Deploy(Message):
     fence_dir: str = ""  #: the directory of the fence file ("": checkpoint_dir, which is local)
     snapshot_encoding: str = "auto"  #: "auto", "fork" or "inline" (runtime/snapshot_encoding.py)
     incremental: bool = False  #: write keyed state as deltas (checkpoint/incremental.py)
+    #: Seconds an aligned checkpoint may align before it turns unaligned (< 0: never).
+    aligned_timeout: float = -1.0
+    unaligned: bool = False  #: the job's checkpoints are unaligned (mode="unaligned")
 
 
 @dataclass(frozen=True)
 class Trigger(Message):
-    """Snapshot now. Sent to sources, and to tasks that have already finished."""
+    """Snapshot now. Sent to sources, and to tasks that have already finished; for an
+    unaligned checkpoint to every task."""
 
     TAG: ClassVar[str] = "trigger"
     checkpoint_id: int
+    unaligned: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,9 @@ class Ack(Message):
     #: writes deltas).
     base: int = -1
     known: int = -1
+    unaligned: bool = False  #: the task's snapshot was unaligned (logged every input's state)
+    inflight_bytes: int = 0  #: bytes of the records ``logged`` (channel state)
+    channel_state: int = 0  #: of ``logged``, records in flight on regular inputs (unaligned)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Deterministic simulation of the checkpoint protocol (in the spirit of FoundationDB's).
 
-The real sans-IO pieces -- CheckpointCoordinator, BarrierAligner, BackEdgeLog, the
+The real sans-IO pieces -- CheckpointCoordinator, BarrierAligner, ChannelStateLog, the
 snapshot format (msgpack, decoded with storage.decode_snapshot) and the storage's
 latest_valid / prune / remove_orphans_after logic -- are driven by a scheduler seeded with
 ``random.Random(seed)``: no processes, sockets, threads, sleeps or wall clock, so the same
@@ -57,9 +57,17 @@ costs three fsyncs and prune a listdir per checkpoint; 1,000 seeds must run in s
 a loaded machine); ``disk`` uses the real CheckpointStorage in a temporary directory
 (on /dev/shm when it exists).
 
+Modes (``--mode``): ``aligned`` (ABS), ``unaligned`` (every task triggered at once,
+snapshots at the trigger or the first barrier, logs every input until its barrier:
+Chandy-Lamport), ``timeout`` (aligned, but a task whose alignment lasts longer than a
+drawn aligned timeout snapshots unaligned; its barrier makes its consumers do the same).
+In the unaligned modes the cut checks count channel state too: records in the logs of
+every input, not only back-edges.
+
 Deliberate bugs (``--bug``), to prove the oracle can fail: ``non-transactional-sink``
 (appends at once, restores without truncating), ``no-replay`` (restored tasks forget
-their back-edge logs), ``no-align`` (tasks read inputs blocked by alignment).
+their back-edge logs), ``no-align`` (tasks read inputs blocked by alignment),
+``no-channel-state`` (unaligned snapshots log back-edges only).
 """
 
 from __future__ import annotations
@@ -81,11 +89,12 @@ from .checkpoint.coordinator import CheckpointCoordinator
 from .checkpoint.pending import AckOutcome
 from .checkpoint.storage import CheckpointStorage, Metadata, decode_snapshot
 from .errors import CheckpointError, CheckpointErrorReason
-from .runtime.alignment import BarrierAligner, Outcome
-from .runtime.backedge import BackEdgeLog, Session
+from .runtime.alignment import BarrierAligner, CollectingBarriers, Outcome
+from .runtime.channel_state import ChannelStateLog, Session
 
 TOPOLOGIES = ("dag", "cycle", "dag3")
-BUGS = ("none", "non-transactional-sink", "no-replay", "no-align")
+BUGS = ("none", "non-transactional-sink", "no-replay", "no-align", "no-channel-state")
+MODES = ("aligned", "unaligned", "timeout")
 RECORDS, BARRIER, END = codec.FrameKind.RECORDS, codec.FrameKind.BARRIER, codec.FrameKind.END
 MAX_STEPS = 20_000
 Frame = tuple[int, Any]
@@ -332,7 +341,8 @@ class SimTask:
         ins = [(f"{p}->{c}", back) for p, c, back in sim.topo.channels if c == tid]
         self.aligner = BarrierAligner(ch for ch, back in ins if not back)
         self.back = sorted(ch for ch, back in ins if back)
-        self.backlog = BackEdgeLog(self.back)
+        self.backlog = ChannelStateLog(self.back, [ch for ch, back in ins if not back])
+        self.blocked_since: float | None = None
         self.is_source = isinstance(op, SourceOp)
         self.ended: set[str] = set()
         self.finished = self.inputs_ended = self.loop_ended = self.stopped = False
@@ -370,56 +380,86 @@ class SimTask:
     def on_frame(self, ch: str, back: bool, frame: Frame) -> None:
         kind, payload = frame
         if kind == RECORDS:
-            if back:
-                if self.loop_ended:
-                    raise SimFailure(f"LoopNotQuiet: records on back-edge {ch} after EndLoop")
-                self.backlog.on_records(ch, list(payload))
+            if back and self.loop_ended:
+                raise SimFailure(f"LoopNotQuiet: records on back-edge {ch} after EndLoop")
+            self.backlog.on_records(ch, codec.pack(list(payload)))
             self.process(payload)
         elif kind == BARRIER:
-            if back:
-                if not self.loop_ended:
-                    for s in self.backlog.on_barrier(ch, payload).completed:
-                        self.write(s)
+            cid, unaligned = codec.parse_barrier(payload)
+            if back and self.loop_ended:
                 return
-            d = self.aligner.on_barrier(ch, payload)
+            if back or cid <= self.last_snapshot:
+                if not (unaligned and cid > self.last_snapshot):
+                    for s in self.backlog.on_barrier(ch, cid).completed:
+                        self.write(s)
+                    return
+            if unaligned:
+                self.trigger_unaligned(cid, {ch})
+                return
+            d = self.aligner.on_barrier(ch, cid)
+            if d.outcome is Outcome.ABORTED_AND_BLOCKED:
+                self.blocked_since = None
+            if d.outcome in (Outcome.BLOCKED, Outcome.ABORTED_AND_BLOCKED) and self.blocked_since is None:
+                self.blocked_since = self.sim.now
             if d.outcome is Outcome.TRIGGERED:
-                self.snapshot(payload)
+                self.snapshot(cid)
         else:
             self.ended.add(ch)
-            if back:
-                for s in self.backlog.on_end_of_stream(ch).completed:
-                    self.write(s)
-            else:
+            for s in self.backlog.on_end_of_stream(ch).completed:
+                self.write(s)
+            if not back:
                 d = self.aligner.on_end_of_stream(ch)
                 if d.outcome is Outcome.TRIGGERED and d.checkpoint_id is not None:
                     self.snapshot(d.checkpoint_id)
             self.maybe_finish()
 
-    def snapshot(self, checkpoint_id: int) -> None:
+    def snapshot(self, checkpoint_id: int, unaligned: bool = False, arrived: set[str] | None = None) -> None:
         self.last_snapshot = checkpoint_id
+        self.blocked_since = None
         states = {self.id: codec.pack(self.op.snapshot(checkpoint_id))}
         if not self.finished:
-            self.broadcast((BARRIER, checkpoint_id))
-        step = self.backlog.start(checkpoint_id, (states, self.finished))
+            self.broadcast((BARRIER, codec.barrier_payload(checkpoint_id, unaligned)))
+        log_all = unaligned and self.sim.bug != "no-channel-state"
+        step = self.backlog.start(checkpoint_id, (states, self.finished), log_all, arrived or ())
         for s in step.completed:
             self.write(s)
 
+    def trigger_unaligned(self, checkpoint_id: int, arrived: set[str]) -> None:
+        """As Task._trigger_unaligned: abandon an alignment, its collected inputs arrived."""
+        st = self.aligner.state
+        if isinstance(st, CollectingBarriers) and st.checkpoint_id == checkpoint_id:
+            arrived = arrived | set(st.arrived)
+        self.aligner.abandon(checkpoint_id)
+        self.sim.stats["unaligned"] += 1
+        self.snapshot(checkpoint_id, unaligned=True, arrived=arrived)
+
+    def check_timeout(self) -> None:
+        st = self.aligner.state
+        timeout = self.sim.aligned_timeout
+        if (timeout is not None and self.blocked_since is not None and isinstance(st, CollectingBarriers)
+                and self.sim.now - self.blocked_since >= timeout and not self.stopped):
+            self.trigger_unaligned(st.checkpoint_id, set())
+
     def write(self, s: Session) -> None:
         states, finished = s.payload
-        logs = {ch: codec.pack(s.logs[ch]) for ch in sorted(s.logs)}
+        logs = {ch: codec.join_arrays(s.logs[ch]) if s.logs[ch] else codec.pack([]) for ch in sorted(s.logs)}
         blob = codec.pack({"task": self.id, "checkpoint_id": s.checkpoint_id, "operators": states,
                            "logs": logs, "finished": finished})
         name = f"{self.id}.state"
         self.sim.storage.write_file(s.checkpoint_id, name, blob)
         self.sim.acks_sent.add((s.checkpoint_id, self.id))
         self.sim.to_driver[self.id].append(messages.Ack(
-            s.checkpoint_id, self.id, name, len(blob), hashlib.sha256(blob).hexdigest(), 0.0, s.logged, finished))
+            s.checkpoint_id, self.id, name, len(blob), hashlib.sha256(blob).hexdigest(), 0.0, s.logged, finished,
+            unaligned=s.unaligned, inflight_bytes=s.logged_bytes))
 
     def on_control(self, msg: messages.Message) -> None:
         if isinstance(msg, messages.Trigger):
-            direct = self.is_source or self.finished or self.inputs_ended
-            if direct and msg.checkpoint_id > self.last_snapshot:
-                self.snapshot(msg.checkpoint_id)
+            if msg.checkpoint_id <= self.last_snapshot:
+                return
+            if self.is_source or self.finished or self.inputs_ended:
+                self.snapshot(msg.checkpoint_id, unaligned=msg.unaligned)
+            elif msg.unaligned:
+                self.trigger_unaligned(msg.checkpoint_id, set())
         elif isinstance(msg, messages.NotifyComplete):
             self.op.notify(msg.checkpoint_id)
             if msg.final:
@@ -455,12 +495,12 @@ class SimTask:
 
 class Sim:
     def __init__(self, seed: int, topology: str, bug: str = "none", storage: str = "memory",
-                 root: str | None = None, trace: bool = False):
-        self.seed, self.bug = seed, bug
+                 root: str | None = None, trace: bool = False, mode: str = "aligned"):
+        self.seed, self.bug, self.mode = seed, bug, mode
         self.topo = build_topology(topology)
         rng = self.rng = random.Random(seed)
         self.batch = rng.randint(1, 4)
-        self.max_in_flight = rng.choice((1, 1, 2, 3))
+        self.max_in_flight = rng.choice((1, 1, 2, 3)) if mode != "unaligned" else 1
         self.tick_p = rng.choice((0.05, 0.1, 0.25))
         # In steps of the scheduler (a tick advances the clock by 0.2 s on average):
         step_time = self.tick_p * 0.2
@@ -470,6 +510,8 @@ class Sim:
         self.crashes_left = rng.randint(0, 3)
         self.crash_after_complete = rng.choice((0.0, 0.0, 0.3))  #: like chaos.on_checkpoint
         retain = rng.choice((1, 2, 3))
+        #: mode "timeout": how long a task aligns before it snapshots unaligned (0: at once).
+        self.aligned_timeout = rng.choice((0.0, 5 * step_time, 40 * step_time)) if mode == "timeout" else None
         # Half the seeds favour some channels and connections and starve others ("buggify"):
         # barriers overtake, checkpoints pile up, acks come late.
         skew = (0.05, 1.0, 1.0, 8.0) if rng.random() < 0.5 else (1.0,)
@@ -555,7 +597,8 @@ class Sim:
                     self.committed.add(t)
         self.coord = CheckpointCoordinator(
             "sim", "fp", list(self.tasks), self.sources, self.storage, self.interval, self.timeout,
-            self.max_in_flight, next_id, clock=lambda: self.now, loops=self.topo.loops, drain_interval=self.interval / 2)
+            self.max_in_flight, next_id, clock=lambda: self.now, loops=self.topo.loops, drain_interval=self.interval / 2,
+            unaligned=self.mode == "unaligned")
         if self.final_restore:
             return
         for t, task in self.tasks.items():  # Task.run: end of stream if restored finished, then replay
@@ -606,38 +649,44 @@ class Sim:
         self.completed.append(cid)
         self.note(f"completed {cid} final={meta.final}")
         self.crash_next = self.rng.random() < self.crash_after_complete
+        # Channel state: what each task logged (back-edges; every input when unaligned).
         states: dict[str, Any] = {}
-        logged: list[Any] = []
+        logged: dict[str, list[Any]] = {}
         for t, e in meta.tasks.items():
             snap = decode_snapshot(self.storage.read_file(cid, e.file), t)
             states[t] = snap.states[t]
-            logged += [r for recs in snap.logs.values() for r in recs]
+            logged[t] = [r for recs in snap.logs.values() for r in recs]
+        self.stats["channel_state"] += sum(len(v) for t, v in logged.items() if t == "sink" or
+                                           self.topo.kinds[t] == "counter")
         sink = states["sink"]
         staged = sink["published"] + sum(len(recs) for _, recs in sink["pending"])
         emitted = {s: self.inputs[s][: states[s]["pos"]] for s in self.sources}
         if self.topo.name == "cycle":
             money = sum(n0 for recs in emitted.values() for _, _, n0 in recs)
             held = sum(states[t]["balance"] for t, k in self.topo.kinds.items() if k == "step")
-            in_flight = sum(n for _, n, _ in logged)
+            in_loop = [r for t, k in self.topo.kinds.items() if k == "step" for r in logged[t]]
+            in_flight = sum(n for _, n, _ in in_loop)
             if held + in_flight != money:
                 raise SimFailure(f"checkpoint {cid} breaks conservation: balances {held} + logged {in_flight} "
                                  f"!= emitted {money}")
             tokens = sum(len(recs) for recs in emitted.values())
-            if len(logged) + staged != tokens:
-                raise SimFailure(f"checkpoint {cid}: {len(logged)} tokens logged + {staged} in the sink "
-                                 f"!= {tokens} emitted")
+            if len(in_loop) + len(logged["sink"]) + staged != tokens:
+                raise SimFailure(f"checkpoint {cid}: {len(in_loop)} tokens logged in the loop + "
+                                 f"{len(logged['sink'])} logged into the sink + {staged} in the sink != {tokens} emitted")
         else:
             expected = Counter(k for recs in emitted.values() for k in recs)
             counts: Counter[int] = Counter()
             for t, k in self.topo.kinds.items():
                 if k == "counter":
                     counts.update(states[t]["counts"])
+                    counts.update(logged[t])  # keys in flight into the counter
             if counts != expected:
-                raise SimFailure(f"checkpoint {cid} is not a consistent cut: counters {dict(counts)} "
-                                 f"!= records below the offsets {dict(expected)}")
-            if staged != sum(counts.values()):
-                raise SimFailure(f"checkpoint {cid}: sink holds {staged} records, counters counted "
-                                 f"{sum(counts.values())}")
+                raise SimFailure(f"checkpoint {cid} is not a consistent cut: counters + their channel state "
+                                 f"{dict(counts)} != records below the offsets {dict(expected)}")
+            counted = sum(counts.values()) - sum(len(logged[t]) for t, k in self.topo.kinds.items() if k == "counter")
+            if staged + len(logged["sink"]) != counted:
+                raise SimFailure(f"checkpoint {cid}: sink holds {staged} records and {len(logged['sink'])} in "
+                                 f"flight to it, counters counted {counted}")
 
     def expected_output(self) -> Counter[Any]:
         if self.topo.name == "cycle":
@@ -675,6 +724,8 @@ class Sim:
         out = self.coord.poll()
         self.note(f"tick {[(t, m) for t, m in out]}")
         self.send(out)
+        for task in self.tasks.values():  # Task._check_aligned_timeout, on its own clock
+            task.check_timeout()
 
     def step(self) -> None:
         ev = self.enabled()
@@ -731,13 +782,14 @@ def topology_for(seed: int, topology: str) -> str:
     return TOPOLOGIES[seed % len(TOPOLOGIES)] if topology == "all" else topology
 
 
-def reproduction(seed: int, topology: str, bug: str = "none", storage: str = "memory") -> str:
+def reproduction(seed: int, topology: str, bug: str = "none", storage: str = "memory", mode: str = "aligned") -> str:
     extra = (f" --bug {bug}" if bug != "none" else "") + (f" --storage {storage}" if storage != "memory" else "")
+    extra += f" --mode {mode}" if mode != "aligned" else ""
     return f"python3 -m abs_engine.simulation --seed {seed} --topology {topology}{extra}"
 
 
 def run_seed(seed: int, topology: str, bug: str = "none", storage: str = "memory",
-             trace: list[str] | None = None) -> str | None:
+             trace: list[str] | None = None, mode: str = "aligned") -> str | None:
     """None if every invariant held, else what went wrong (an exception from the protocol
     code counts as a failure too)."""
     root = None
@@ -745,7 +797,7 @@ def run_seed(seed: int, topology: str, bug: str = "none", storage: str = "memory
         root = tempfile.mkdtemp(prefix="abs-sim-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     sim: Sim | None = None
     try:
-        sim = Sim(seed, topology, bug, storage, root, trace=trace is not None)
+        sim = Sim(seed, topology, bug, storage, root, trace=trace is not None, mode=mode)
         sim.run()
         return None
     except SimFailure as e:
@@ -768,6 +820,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="all: seed s runs TOPOLOGIES[s %% 3]")
     ap.add_argument("--bug", choices=BUGS, default="none", help="inject a deliberate bug")
     ap.add_argument("--storage", choices=("memory", "disk"), default="memory")
+    ap.add_argument("--mode", choices=MODES, default="aligned", help="how checkpoints are taken")
     ap.add_argument("--trace", action="store_true", help="print the event log (with --seed)")
     ap.add_argument("--progress-every", type=int, default=5000)
     args = ap.parse_args(argv)
@@ -777,13 +830,13 @@ def main(argv: list[str] | None = None) -> int:
     for i, seed in enumerate(seeds, 1):
         topo = topology_for(seed, args.topology)
         trace: list[str] | None = [] if args.trace else None
-        err = run_seed(seed, topo, args.bug, args.storage, trace)
+        err = run_seed(seed, topo, args.bug, args.storage, trace, args.mode)
         if trace:
             print("\n".join(trace))
         if err is not None:
             failed += 1
             print(f"FAILED seed={seed} topology={topo}: {err}; reproduce: "
-                  f"{reproduction(seed, topo, args.bug, args.storage)}", flush=True)
+                  f"{reproduction(seed, topo, args.bug, args.storage, args.mode)}", flush=True)
         if i % args.progress_every == 0 or i == len(seeds):
             rate = i / max(time.perf_counter() - started, 1e-9)
             print(f"{i}/{len(seeds)} seeds, {failed} failed ({rate:.0f} seeds/s)", file=sys.stderr, flush=True)

@@ -14,7 +14,11 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--checkpoint-interval", type=float, default=interval, help="seconds between checkpoints")
     ap.add_argument("--checkpoint-dir", help="where checkpoints go (default: a temporary directory)")
-    ap.add_argument("--mode", choices=list(MODES), default="aligned")
+    ap.add_argument("--mode", choices=list(MODES), default="aligned",
+                    help="aligned (ABS), unaligned (Chandy-Lamport: in-flight records persisted), "
+                         "stop-the-world, or none")
+    ap.add_argument("--aligned-timeout", type=float, metavar="S",
+                    help="with --mode aligned: a checkpoint whose alignment takes longer turns unaligned")
     ap.add_argument("--executor", choices=list(EXECUTORS), default="local",
                     help="who runs the workers: local processes (default) or a Spark barrier stage")
     ap.add_argument("--spark-master", help="Spark master URL for --executor spark and Spark sources "
@@ -31,10 +35,12 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
 
 
 def executor_options(args: argparse.Namespace) -> dict[str, Any]:
-    """flow.run() options for --executor / --spark-master / --tls / --restore-from / --incremental."""
+    """flow.run() options for --executor / --spark-master / --tls / --restore-from / --incremental /
+    --allow-non-restored-state / --aligned-timeout."""
     opts: dict[str, Any] = {"executor": args.executor, "tls": args.tls, "restore_from": args.restore_from,
                             "incremental_checkpoints": args.incremental,
-                            "allow_non_restored_state": args.allow_non_restored_state}
+                            "allow_non_restored_state": args.allow_non_restored_state,
+                            "aligned_timeout": args.aligned_timeout}
     if args.spark_master:
         import atexit
 

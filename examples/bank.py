@@ -142,7 +142,10 @@ def oracle(accounts: int, count: int, seed: int) -> dict[int, int]:
 
 def conserved_total(storage: CheckpointStorage, checkpoint_id: int, accounts: int) -> int:
     """Money in one checkpoint: balances of every account (untouched ones hold INITIAL) plus
-    the credits logged on the back-edges (in flight round the loop at the cut)."""
+    the credits in flight round the loop at the cut: logged on the back-edges, and (an
+    unaligned checkpoint) on the loop's other channels. The branch out of the loop (``final``)
+    receives a copy of every record the accounts emit and drops the credits: its channel
+    state is not money."""
     meta = storage.verify(checkpoint_id)
     accounts_tasks = [t for t in meta.tasks if t.startswith("accounts#")]
     touched: dict[int, int] = {}
@@ -150,6 +153,8 @@ def conserved_total(storage: CheckpointStorage, checkpoint_id: int, accounts: in
         touched.update(storage.read_state(checkpoint_id, t, meta)["accounts"])
     in_flight = 0
     for t in meta.tasks:
+        if t.startswith("final#"):
+            continue
         for records in storage.read_logs(checkpoint_id, t, meta).values():
             in_flight += sum(r[2] for r in records if r[0] == "credit")
     return sum(touched.values()) + INITIAL * (accounts - len(touched)) + in_flight

@@ -11,6 +11,10 @@ Protocol:
 - a checkpoint older than ``timeout`` is aborted; late acknowledgements are then DISCARDED;
 - once every task has finished, one more checkpoint, the *final* one, is taken; when it
   completes the job commits and ends;
+- unaligned mode (Chandy-Lamport): checkpoint n is triggered at *every* task at once; each
+  snapshots on the trigger or its first barrier n, whichever comes first, and logs what
+  arrives on each input before barrier n (runtime/channel_state.py). Savepoints stay
+  aligned (as Flink's): self-contained, no channel state to re-route when rescaled;
 - stop-the-world mode (the baseline ABS is measured against): instead of barriers, the
   sources are paused, waves of counts prove nothing is in flight (quiescence.py), every
   task snapshots, and the sources resume once the checkpoint is durable.
@@ -69,6 +73,7 @@ class CheckpointCoordinator:
         loops: dict[int, tuple[frozenset[str], frozenset[str]]] | None = None,
         drain_interval: float = 0.1,
         stop_the_world: bool = False,
+        unaligned: bool = False,
         channels: frozenset[str] = frozenset(),
         wave_interval: float = 0.002,
         job_id: str = "",
@@ -98,6 +103,8 @@ class CheckpointCoordinator:
         self.finished: set[str] = set()
         self.direct: set[str] = set()  #: triggered directly: finished, or regular inputs ended
         self.stop_the_world = stop_the_world
+        self.unaligned = unaligned
+        self.modes: dict[int, str] = {}  #: checkpoint id -> how it was triggered (pending ones)
         self.quiescence = QuiescenceDetector(self.tasks, channels)
         self.wave_interval = wave_interval
         self.stw_checkpoint: int | None = None  #: the stop-the-world checkpoint in progress
@@ -198,15 +205,26 @@ class CheckpointCoordinator:
         p = PendingCheckpoint(cid, now, self.tasks, final=final)
         self.pending[cid] = p
         if self.stop_the_world and not final:
+            self.modes[cid] = "stop-the-world"
             # Pause the sources, then count until nothing is in flight (see quiescence.py).
             p.stop_the_world = True
             self.stw_checkpoint = cid
             wave = self.quiescence.start()
             return ([(t, messages.Pause(cid)) for t in sorted(self.source_tasks)]
                     + [(t, messages.CountRequest(wave)) for t in sorted(self.tasks)])
-        targets = set(self.source_tasks) | self.direct
+        unaligned = self.unaligned and cid != self.savepoint_id
+        self.modes[cid] = "savepoint" if cid == self.savepoint_id else "unaligned" if unaligned else "aligned"
+        targets = set(self.tasks) if unaligned else set(self.source_tasks) | self.direct
         p.triggered_directly |= targets
-        return [(t, messages.Trigger(cid)) for t in sorted(targets)]
+        return [(t, messages.Trigger(cid, unaligned)) for t in sorted(targets)]
+
+    def mode_of(self, checkpoint_id: int) -> str:
+        """How a checkpoint this coordinator triggered was taken (for its statistics); asked
+        once, when it completed (older entries go: aborted or subsumed)."""
+        mode = self.modes.get(checkpoint_id, "aligned")
+        for cid in [c for c in self.modes if c <= checkpoint_id]:
+            del self.modes[cid]
+        return mode
 
     def on_finished(self, task: str) -> list[tuple[str, messages.Message]]:
         """A task saw end of stream on every input: trigger it directly from now on."""
@@ -253,7 +271,7 @@ class CheckpointCoordinator:
         else:
             outcome = p.acknowledge(
                 ack.task, TaskSnapshot(ack.file, ack.size, ack.sha256, ack.alignment_ms, ack.logged, ack.finished,
-                                       ack.base, ack.known)
+                                       ack.base, ack.known, ack.channel_state)
             )
         if ack.task in self.tasks and isinstance(ack.known, int) and ack.known >= 0:
             self.known[ack.task] = max(self.known.get(ack.task, 0), ack.known)
@@ -276,6 +294,7 @@ class CheckpointCoordinator:
             job_id=self.job_id,
             layout=self.layout,
             chains=self._chains(p),
+            channel_state={t: s.channel_state for t, s in p.acks.items() if s.channel_state},
         )
         self.storage.write_metadata(meta)
         del self.pending[p.checkpoint_id]

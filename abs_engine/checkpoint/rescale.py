@@ -110,6 +110,13 @@ def _check(plan: Plan, meta: Metadata, old_ops: dict[str, list[str]], max_parall
         raise RescaleError(_R.MAX_PARALLELISM,
                            f"checkpoint {meta.checkpoint_id} spreads its keys over {old_max} key groups and this job "
                            f"over {max_parallelism}: keep max_parallelism={old_max} for the life of the job")
+    if meta.channel_state:
+        tasks = sorted(meta.channel_state)
+        raise RescaleError(_R.IN_FLIGHT,
+                           f"checkpoint {meta.checkpoint_id} is unaligned and holds records in flight on regular "
+                           f"channels (into {', '.join(tasks[:3])}{', ...' if len(tasks) > 3 else ''}); they cannot "
+                           "be re-routed to another parallelism: resume at the parallelism it ran with, or from an "
+                           "aligned checkpoint or a savepoint (savepoints are always aligned)", tasks[0].rsplit("#", 1)[0])
     if meta.final:
         raise RescaleError(_R.FINISHED,
                            f"checkpoint {meta.checkpoint_id} is the final checkpoint of a job that finished: there is "

@@ -312,9 +312,14 @@ class Metadata:
     #: task -> the files of earlier checkpoints its state file builds on, oldest first
     #: (incremental checkpoints: checkpoint/incremental.py); absent for a full file.
     chains: dict[str, list[ChainRef]] = field(default_factory=dict, kw_only=True)
+    #: task -> records in flight on its regular inputs that its state file holds (an
+    #: unaligned checkpoint's channel state); absent when none.
+    channel_state: dict[str, int] = field(default_factory=dict, kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"channel_state": self.channel_state} if self.channel_state else {}
         return {
+            **extra,
             "chains": {t: [r.to_list() for r in refs] for t, refs in self.chains.items() if refs},
             "checkpoint_id": self.checkpoint_id,
             "job": self.job,
@@ -367,6 +372,11 @@ class Metadata:
             raise ValueError("field 'job_id' is not a string")
         layout = _layout(d.get("layout", {}), tasks)
         chains = _chains(d.get("chains", {}), tasks, cid)
+        channel_state = d.get("channel_state", {})
+        if not isinstance(channel_state, dict) or not all(
+                t in tasks and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                for t, n in channel_state.items()):
+            raise ValueError("field 'channel_state' is not a map of the checkpoint's tasks to record counts")
         return Metadata(
             checkpoint_id=cid,
             job=need("job", str),
@@ -379,6 +389,7 @@ class Metadata:
             job_id=job_id,
             layout=layout,
             chains=chains,
+            channel_state=channel_state,
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-MODES = ("aligned", "none", "stop-the-world")
+MODES = ("aligned", "unaligned", "none", "stop-the-world")
 EXECUTORS = ("local", "spark")
 
 
@@ -20,7 +20,10 @@ class JobConfig:
     ``spark``
         the SparkSession of executor="spark" (None: the embedded local session).
     ``mode``
-        "aligned" (ABS checkpoints every ``checkpoint_interval`` seconds), "stop-the-world"
+        "aligned" (ABS checkpoints every ``checkpoint_interval`` seconds), "unaligned"
+        (Chandy-Lamport: every task snapshots at once at the coordinator's trigger or the
+        first barrier, and persists the records in flight on its inputs as channel state, so
+        a checkpoint does not wait for backpressured data to be processed), "stop-the-world"
         (every interval: pause the sources, wait until counts prove nothing is in flight,
         snapshot every task, resume; the baseline ABS is measured against), or "none" (no
         periodic checkpoints: a failure restarts from scratch; the final commit still happens).
@@ -105,6 +108,10 @@ class JobConfig:
     ``savepoint_dir``
         where savepoints go (``<checkpoint_dir>/savepoints`` by default for a
         local checkpoint directory, else ``./savepoints``).
+    ``aligned_timeout``
+        with mode="aligned": seconds a task may spend aligning a checkpoint's barriers before
+        it snapshots unaligned instead (Flink's aligned-checkpoint-timeout; 0: unaligned at
+        the first barrier, but triggered at the sources only). None (default): never.
     ``stop_with_savepoint_on_signal``
         while run() runs in the main thread, SIGTERM or Ctrl-C
         takes a savepoint, commits the sinks and returns (``JobResult.savepoint``,
@@ -137,6 +144,7 @@ class JobConfig:
     restore_from: str | None = None
     savepoint_dir: str | None = None
     stop_with_savepoint_on_signal: bool = True
+    aligned_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -147,6 +155,15 @@ class JobConfig:
             raise ValueError(f"checkpoint_interval must be > 0 seconds, got {self.checkpoint_interval!r}")
         if self.restart_attempts < 0 or self.restart_delay < 0:
             raise ValueError("restart_attempts and restart_delay must be >= 0")
+        if self.aligned_timeout is not None:
+            if self.mode != "aligned":
+                raise ValueError(f"aligned_timeout applies to mode='aligned' (got mode={self.mode!r}): it turns an "
+                                 "aligned checkpoint unaligned when its alignment takes longer")
+            if not self.aligned_timeout >= 0:
+                raise ValueError(f"aligned_timeout must be >= 0 seconds, got {self.aligned_timeout!r}")
+        if self.mode == "unaligned" and self.max_concurrent_checkpoints != 1:
+            raise ValueError("mode='unaligned' takes one checkpoint at a time (max_concurrent_checkpoints=1), as "
+                             "Flink does: each one persists the data in flight")
         if self.retained_checkpoints < 1:
             raise ValueError("retained_checkpoints must be >= 1")
         if self.task_timeout < 0 or not self.heartbeat_interval > 0 or not self.startup_timeout > 0:
@@ -187,6 +204,15 @@ class CheckpointStat:
     #: Incremental checkpoints: tasks whose file holds deltas on an earlier checkpoint's
     #: (``bytes`` counts only what this checkpoint wrote).
     delta_tasks: int = 0
+    #: How it was triggered: "aligned", "unaligned", "stop-the-world" or "savepoint" (a
+    #: savepoint is aligned, whatever the mode).
+    mode: str = "aligned"
+    #: Tasks whose snapshot was unaligned: all of an unaligned checkpoint's, and those of
+    #: an aligned one whose alignment passed ``aligned_timeout``.
+    unaligned_tasks: int = 0
+    #: Records in flight it persisted (channel state: unaligned inputs and back-edges).
+    inflight_records: int = 0
+    inflight_bytes: int = 0  #: their size, as encoded
 
 
 #: JobResult keeps the statistics of this many most recent checkpoints (a long job takes

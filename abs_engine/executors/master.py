@@ -93,6 +93,24 @@ class WorkerFailure(Exception):
 
 
 @dataclass
+class _AckTotals:
+    """A checkpoint's acknowledgements summed up for its CheckpointStat."""
+
+    sync_ms: float = 0.0  #: the slowest task's
+    async_ms: float = 0.0
+    unaligned_tasks: int = 0
+    inflight_records: int = 0
+    inflight_bytes: int = 0
+
+    def add(self, ack: messages.Ack) -> None:
+        self.sync_ms = max(self.sync_ms, ack.sync_ms)
+        self.async_ms = max(self.async_ms, ack.async_ms)
+        self.unaligned_tasks += int(ack.unaligned)
+        self.inflight_records += ack.logged
+        self.inflight_bytes += ack.inflight_bytes
+
+
+@dataclass
 class Worker:
     task: str
     proc: WorkerProcess
@@ -128,7 +146,7 @@ class JobMaster:
         self.savepoint_requested = False  #: a signal asked for a savepoint (and to go on)
         self.storage: CheckpointStorage | None = None  #: the job's checkpoint storage, while it runs
         #: checkpoint id -> (slowest task-thread share, slowest async part) of the acks so far, in ms
-        self.snapshot_ms: dict[int, tuple[float, float]] = {}
+        self.snapshot_ms: dict[int, _AckTotals] = {}  #: per checkpoint in progress: its acks so far
         #: (operator, record digest) of failures seen: the same again after a restart is a poison record.
         self.failed_records: set[tuple[str | None, str]] = set()
         self.consecutive_expired = 0
@@ -347,7 +365,9 @@ class JobMaster:
                     bool(meta is not None and meta.final), storage.root, token,
                     cfg.heartbeat_interval, cfg.task_timeout, cfg.startup_timeout,
                     fence_dir=self.control_dir, snapshot_encoding=cfg.snapshot_encoding,
-                    incremental=cfg.incremental_checkpoints and cfg.mode != "none"))
+                    incremental=cfg.incremental_checkpoints and cfg.mode != "none",
+                    aligned_timeout=cfg.aligned_timeout if cfg.aligned_timeout is not None else -1.0,
+                    unaligned=cfg.mode == "unaligned"))
             self._drive(workers, storage, meta, next_id)
         finally:
             self.launcher.stop({t: w.proc for t, w in workers.items()}, timeout=10.0)
@@ -485,6 +505,7 @@ class JobMaster:
             cfg.checkpoint_timeout, cfg.max_concurrent_checkpoints, next_id,
             loops=self.plan.loops(),
             stop_the_world=cfg.mode == "stop-the-world",
+            unaligned=cfg.mode == "unaligned",
             channels=frozenset(c.id for t in self.plan.tasks for c in t.inputs),
             job_id=self.job_id,
             layout=self.layout,
@@ -625,18 +646,19 @@ class JobMaster:
             self.source_progress[msg.task] = msg.records_in
         elif isinstance(msg, messages.Ack):
             outcome, meta = coord.on_ack(msg)
-            times = self.snapshot_ms.setdefault(msg.checkpoint_id, (0.0, 0.0))
-            self.snapshot_ms[msg.checkpoint_id] = (max(times[0], msg.sync_ms), max(times[1], msg.async_ms))
+            self.snapshot_ms.setdefault(msg.checkpoint_id, _AckTotals()).add(msg)
             if meta is not None:
                 self.consecutive_expired = 0
                 if meta.checkpoint_id == coord.savepoint_id or (meta.final and coord.savepoint_requested):
                     self._savepoint(coord, meta)  # (the job's final checkpoint came first: it is the savepoint)
-                sync_ms, async_ms = self.snapshot_ms.pop(meta.checkpoint_id)
+                acks = self.snapshot_ms.pop(meta.checkpoint_id)
                 for old in [c for c in self.snapshot_ms if c < meta.checkpoint_id]:
                     del self.snapshot_ms[old]  # aborted or expired ones: bounded
                 self.result.add_checkpoint(CheckpointStat(
                     meta.checkpoint_id, meta.duration_ms, sum(e.size for e in meta.tasks.values()),
-                    max(meta.alignment_ms.values(), default=0.0), meta.final, sync_ms, async_ms, len(meta.chains)))
+                    max(meta.alignment_ms.values(), default=0.0), meta.final, acks.sync_ms, acks.async_ms,
+                    len(meta.chains), coord.mode_of(meta.checkpoint_id), acks.unaligned_tasks, acks.inflight_records,
+                    acks.inflight_bytes))
                 for task, m in coord.notifications(meta):
                     self._send(workers[task], m)
                 self._chaos_on_checkpoint(meta.checkpoint_id, workers)

@@ -101,6 +101,12 @@ class BarrierAligner:
             self.state = CollectingBarriers(s.checkpoint_id, arrived)
         return Decision(Outcome.NOTHING)
 
+    def abandon(self, checkpoint_id: int) -> None:
+        """The task snapshotted ``checkpoint_id`` unaligned (its trigger, an unaligned
+        barrier, or the aligned timeout): stop collecting; barriers up to it are stale."""
+        self.state = WaitingForFirstBarrier()
+        self.last_seen = max(self.last_seen, checkpoint_id)
+
     def _trigger(self, checkpoint_id: int, aborted: int | None) -> Decision:
         self.state = WaitingForFirstBarrier()
         self.last_seen = checkpoint_id

@@ -16,6 +16,7 @@ from __future__ import annotations
 import selectors
 import socket
 import time
+from collections import deque
 from typing import Callable
 
 from .. import auth, codec
@@ -85,7 +86,7 @@ class ChannelClosed(Exception):
 
 
 class InputChannel:
-    __slots__ = ("id", "wire", "sock", "reader", "back_edge", "ended", "records")
+    __slots__ = ("id", "wire", "sock", "reader", "back_edge", "ended", "records", "ahead", "ahead_stopped")
 
     def __init__(self, channel_id: str, conn: Wire | socket.socket, reader: codec.FrameReader, back_edge: bool):
         self.id = channel_id
@@ -95,6 +96,12 @@ class InputChannel:
         self.back_edge = back_edge
         self.ended = False
         self.records = 0  #: records taken in for processing
+        #: Frames read ahead of processing while a checkpoint logs this channel's state
+        #: (runtime/channel_state.py): already logged, processed before the reader's.
+        self.ahead: deque[tuple[int, bytes]] = deque()
+        #: The last frame read ahead is one read-ahead must not pass (a barrier no session
+        #: waits for yet, or end of stream).
+        self.ahead_stopped = False
 
     def fill(self) -> None:
         """Read what the socket has (call when it is readable)."""
@@ -107,8 +114,34 @@ class InputChannel:
             )
         self.reader.feed(data)
 
-    def next_frame(self) -> tuple[int, bytes] | None:
-        return self.reader.next_frame()
+    def fill_nowait(self, limit: int = 8 * RECV_SIZE) -> None:
+        """Read what the socket has, up to about ``limit`` bytes, without blocking."""
+        got = 0
+        while got < limit:
+            try:
+                data = self.wire.recv(RECV_SIZE, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            if data is None:
+                continue  # part of a TLS record; the next read tells whether more is there
+            if not data:
+                raise ChannelClosed(f"input channel {self.id} closed before end of stream (its producer died)",
+                                    self.id.split("->")[0])
+            self.reader.feed(data)
+            got += len(data)
+
+    def next_frame(self) -> tuple[int, bytes, bool] | None:
+        """The next frame to process, and whether it was read ahead (and so logged)."""
+        if self.ahead:
+            kind, payload = self.ahead.popleft()
+            if not self.ahead:
+                self.ahead_stopped = False
+            return kind, payload, True
+        f = self.reader.next_frame()
+        return None if f is None else (f[0], f[1], False)
+
+    def has_frames(self) -> bool:
+        return bool(self.ahead) or self.reader.buffered() > 0
 
 
 HELLO_MAX = 4096  #: a HELLO frame carries one channel id

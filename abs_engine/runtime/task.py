@@ -3,11 +3,18 @@
 Invariants:
 - Records are processed a batch at a time; a batch crosses a process boundary as one
   msgpack frame.
-- A snapshot for checkpoint n reflects exactly the records before barrier n on every
-  regular input (aligned ABS): a blocked input is not processed, not even from our buffer.
+- An aligned snapshot for checkpoint n reflects exactly the records before barrier n on
+  every regular input (ABS): a blocked input is not processed, not even from our buffer.
+- An unaligned snapshot (Chandy-Lamport) is taken at the first barrier n on any input or at
+  the coordinator's trigger, whichever comes first; every record not yet processed then
+  and before barrier n on its input is channel state. A barrier's payload says which kind
+  it is; an aligned checkpoint whose alignment passes ``aligned_timeout`` turns unaligned.
 - Order at a snapshot: operators snapshot -> state encoded (a consistent copy) -> barrier
-  forwarded on every output -> back-edge records logged until barrier n comes round each
-  back-edge -> state + logs written and fsynced off the task thread -> acknowledgement.
+  forwarded on every output -> channel state (back-edges; every input when unaligned)
+  logged until barrier n arrives on each -> state + logs written and fsynced off the task
+  thread -> acknowledgement. While a log waits on an input, that input is read ahead of
+  processing up to its barrier, so the checkpoint completes when the bytes in flight have
+  arrived, not when they have been processed (the point of unaligned checkpoints).
 - Back-edge inputs are always *read* (bytes buffered without bound), even while the task is
   blocked sending or a back-edge is held: a loop of bounded channels cannot deadlock.
 - A task whose regular inputs have all ended is triggered directly by the coordinator;
@@ -28,9 +35,9 @@ from ..errors import FencedOut
 from ..plan import TaskSpec
 from . import snapshot_encoding
 from .increments import Increments
-from .alignment import BarrierAligner, Outcome
-from .backedge import BackEdgeLog, Session
-from .channel import InputChannel
+from .alignment import BarrierAligner, CollectingBarriers, Outcome
+from .channel_state import ChannelStateLog, Session
+from .channel import RECV_SIZE, InputChannel
 from .control import ControlLink
 from .output import OperatorFailure, Output
 from .watchdog import Activity
@@ -38,6 +45,10 @@ from .writer import SnapshotWriter
 
 PROGRESS_EVERY = 0.5  # seconds between progress reports of a source
 GATHER_MAX = 8192  # records gathered from buffered frames before they are processed
+#: While frames keep a task busy, how often it looks at its control connection (a trigger
+#: of an unaligned checkpoint), reads ahead the inputs a log waits on, and checks the
+#: aligned timeout: the reaction time of an unaligned checkpoint, short of one batch.
+SERVICE_EVERY = 0.005
 
 
 def _unregister(sel: selectors.BaseSelector, ch: InputChannel) -> None:
@@ -82,6 +93,8 @@ class Task:
         file_tag: str = "",
         snapshot_encoding_mode: str = "inline",
         incremental: bool = False,
+        aligned_timeout: float | None = None,
+        unaligned: bool = False,
     ):
         self.spec = spec
         self.op_names = op_names
@@ -101,7 +114,13 @@ class Task:
         self.restored_finished = restored_finished
         self.aligner = BarrierAligner(c.id for c in inputs.values() if not c.back_edge)
         self.back = [c for c in inputs.values() if c.back_edge]
-        self.backlog = BackEdgeLog(c.id for c in self.back)
+        self.backlog = ChannelStateLog((c.id for c in self.back), (c.id for c in inputs.values() if not c.back_edge))
+        #: Seconds an aligned checkpoint may spend aligning before it turns unaligned (None: never).
+        self.aligned_timeout = aligned_timeout
+        #: Unaligned checkpoints can happen: look at the control connection between frames.
+        self.responsive = unaligned or aligned_timeout is not None
+        self._sel: selectors.BaseSelector | None = None
+        self._blocked: list[InputChannel] = []
         self.finished = False
         self.inputs_ended = False  #: every regular input ended (reported once)
         self.loop_ended = False
@@ -203,7 +222,7 @@ class Task:
                     sel.register(c.sock, selectors.EVENT_READ, c)
             for key, _ in sel.select():
                 if key.data is not None:
-                    key.data.fill()
+                    key.data.fill_nowait(RECV_SIZE)
                     self.runnable.append(key.data)
         finally:
             sel.close()
@@ -216,8 +235,11 @@ class Task:
             head.append((self.source_name or "source", self.source))
         return head + list(zip(self.op_names, self.ops))
 
-    def _snapshot(self, checkpoint_id: int, forward: bool = True) -> None:
-        """forward=False: stop-the-world, nothing is in flight and no barrier travels."""
+    def _snapshot(self, checkpoint_id: int, forward: bool = True, unaligned: bool = False,
+                  arrived: set[str] | None = None) -> None:
+        """forward=False: stop-the-world, nothing is in flight and no barrier travels.
+        unaligned: log every input's state, not only the back-edges'; ``arrived``: the
+        inputs that delivered this barrier already."""
         self.last_snapshot = checkpoint_id
         began = time.perf_counter()
         states: dict[str, Any] = {}
@@ -236,7 +258,7 @@ class Task:
         del states
         sync_ms = (time.perf_counter() - began) * 1000
         if forward and not self.finished:
-            barrier = codec.frame(codec.FrameKind.BARRIER, codec.pack(checkpoint_id))
+            barrier = codec.frame(codec.FrameKind.BARRIER, codec.barrier_payload(checkpoint_id, unaligned))
             for out in self.outputs:
                 out.broadcast(barrier)
         alignment_ms = 0.0
@@ -249,21 +271,108 @@ class Task:
             # has anything to log, and no barrier will come round to close a session.
             self._write(Session(checkpoint_id, payload, set(), {}))
             return
-        step = self.backlog.start(checkpoint_id, payload)
+        step = self.backlog.start(checkpoint_id, payload, unaligned, arrived or ())
         self._release(step.released)
         for s in step.completed:
             self._write(s)
+        session = self.backlog.sessions.get(checkpoint_id)
+        if session is not None:
+            # Frames read ahead for older logs are not processed yet: in flight for this one too.
+            for cid in list(session.waiting):
+                ch = self.inputs[cid]
+                for kind, data in ch.ahead:
+                    if kind == codec.FrameKind.RECORDS:
+                        self.backlog.log_into(checkpoint_id, cid, data)
+                if ch.ahead and ch.ahead[-1][0] == codec.FrameKind.END:  # its end was read ahead
+                    for s in self.backlog.end_ahead(cid).completed:
+                        self._write(s)
+            for cid in list(session.waiting):
+                self._read_ahead(self.inputs[cid])
+
+    def _read_ahead(self, ch: InputChannel) -> None:
+        """Move ``ch``'s frames from its reader to its read-ahead queue, logging them, while a
+        log waits on it: up to the barrier of the newest waiting log (barriers of older
+        ones are handled on the way), a newer barrier, or end of stream."""
+        try:
+            self._read_ahead_frames(ch)
+        finally:
+            if ch.has_frames():
+                self.runnable.append(ch)  # bytes read here raise no select event any more
+
+    def _read_ahead_frames(self, ch: InputChannel) -> None:
+        log = self.backlog
+        fetched = False
+        while not ch.ahead_stopped:
+            upto = log.waiting_on(ch.id)
+            if not upto:
+                return
+            f = ch.reader.next_frame()
+            if f is None:
+                if fetched or ch.ended:
+                    return
+                ch.fill_nowait()
+                fetched = True
+                continue
+            kind, data = f
+            ch.ahead.append((kind, data))
+            if kind == codec.FrameKind.RECORDS:
+                log.on_records(ch.id, data)
+            elif kind == codec.FrameKind.BARRIER:
+                cid, _ = codec.parse_barrier(data)
+                if cid > upto or (ch.back_edge and self.loop_ended):
+                    ch.ahead_stopped = True  # handled in order when processed
+                    return
+                for s in log.on_barrier(ch.id, cid).completed:
+                    self._write(s)
+            else:  # END (or anything else): nothing can be read past it
+                ch.ahead_stopped = True
+                if kind == codec.FrameKind.END:
+                    for s in log.end_ahead(ch.id).completed:
+                        self._write(s)
+                return
+
+    def _trigger_unaligned(self, checkpoint_id: int, arrived: set[str]) -> None:
+        """Snapshot now for ``checkpoint_id`` (its first barrier came, the coordinator asked,
+        or its alignment timed out): an alignment in progress is abandoned, what it
+        blocked is released, and the inputs it had collected count as arrived."""
+        self._flush()
+        st = self.aligner.state
+        if isinstance(st, CollectingBarriers) and st.checkpoint_id == checkpoint_id:
+            arrived = arrived | set(st.arrived)
+        self.aligner.abandon(checkpoint_id)
+        self._snapshot(checkpoint_id, unaligned=True, arrived=arrived)
+        if self._sel is not None:
+            self._release_blocked(self._sel, self._blocked)
+
+    def _service(self) -> None:
+        """Between frames of a busy task: control messages, read-ahead, aligned timeout."""
+        if self.responsive:
+            for msg in self.control.poll():
+                self.on_control(msg)
+        if self.backlog.logging:
+            for ch in self.inputs.values():
+                if not ch.ended and not ch.ahead_stopped and self.backlog.waiting_on(ch.id):
+                    self._read_ahead(ch)
+        self._check_aligned_timeout()
+
+    def _check_aligned_timeout(self) -> None:
+        st = self.aligner.state
+        if (self.aligned_timeout is not None and self.blocked_since is not None
+                and isinstance(st, CollectingBarriers)
+                and time.perf_counter() - self.blocked_since >= self.aligned_timeout):
+            self._trigger_unaligned(st.checkpoint_id, set())
 
     def _write(self, s: Session) -> None:
         encoding, alignment_ms, finished, sync_ms, base, deltas, known = s.payload
-        logs = {ch: codec.pack(recs) for ch, recs in s.logs.items()}
+        logs = {ch: codec.join_arrays(frames) if frames else codec.pack([]) for ch, frames in s.logs.items()}
         task, cid = self.spec.id, s.checkpoint_id
 
         def blob() -> bytes:  # on the writer thread: waits for a forked encoder
             return snapshot_encoding.snapshot_file(task, cid, encoding.result(), logs, finished, base, deltas)
 
         name = f"{self.spec.id}.{self.file_tag}.state" if self.file_tag else f"{self.spec.id}.state"
-        self.writer.submit(s.checkpoint_id, name, blob, alignment_ms, s.logged, finished, sync_ms, base, known)
+        self.writer.submit(s.checkpoint_id, name, blob, alignment_ms, s.logged, finished, sync_ms, base, known,
+                           s.unaligned, s.logged_bytes, s.regular_logged)
 
     def _release(self, channels: tuple[str, ...]) -> None:
         for cid in channels:
@@ -283,10 +392,16 @@ class Task:
 
     def on_control(self, msg: messages.Message) -> None:
         if isinstance(msg, messages.Trigger):
-            # Sources are triggered by the coordinator; other tasks once their regular inputs ended.
-            direct = self.source is not None or self.finished or self.inputs_ended
-            if direct and msg.checkpoint_id > self.last_snapshot:
-                self._snapshot(msg.checkpoint_id)
+            # Sources are triggered by the coordinator; other tasks once their regular inputs
+            # ended, and every task for an unaligned checkpoint (Chandy and Lamport: a process
+            # may record its state at any moment, then logs what arrives before each marker).
+            if msg.checkpoint_id <= self.last_snapshot:
+                return
+            if self.source is not None or self.finished or self.inputs_ended:
+                self._flush()
+                self._snapshot(msg.checkpoint_id, unaligned=msg.unaligned)
+            elif msg.unaligned:
+                self._trigger_unaligned(msg.checkpoint_id, set())
         elif isinstance(msg, messages.Snapshot):
             if msg.checkpoint_id > self.last_snapshot:
                 self._snapshot(msg.checkpoint_id, forward=False)
@@ -389,17 +504,18 @@ class Task:
             self._emit(self._process(batch, 0))
 
     def _on_frame(self, ch: InputChannel, kind: int, payload: bytes,
-                  sel: selectors.BaseSelector, blocked: list[InputChannel]) -> None:
+                  sel: selectors.BaseSelector, blocked: list[InputChannel], ahead: bool = False) -> None:
+        """One frame of ``ch`` in order; ``ahead``: it was read ahead (and logged) already."""
         if kind == codec.FrameKind.RECORDS:
-            batch = codec.unpack(payload)
-            if ch.back_edge:
-                if self.loop_ended:
-                    raise LoopNotQuiet(
-                        f"records arrived on back-edge {ch.id} after the loop was proven drained: an operator "
-                        "in the loop emitted records at end of input (finish()); loops must be quiet then"
-                    )
+            if ch.back_edge and self.loop_ended:
+                raise LoopNotQuiet(
+                    f"records arrived on back-edge {ch.id} after the loop was proven drained: an operator "
+                    "in the loop emitted records at end of input (finish()); loops must be quiet then"
+                )
+            if not ahead:
                 # Logged now: if a snapshot was taken, these are processed after it.
-                self.backlog.on_records(ch.id, batch)
+                self.backlog.on_records(ch.id, payload)
+            batch = codec.unpack(payload)
             ch.records += len(batch)
             self.gathered.extend(batch)
             if len(self.gathered) >= GATHER_MAX:
@@ -407,11 +523,18 @@ class Task:
             return
         self._flush()
         if kind == codec.FrameKind.BARRIER:
-            cid = codec.unpack(payload)
-            if ch.back_edge:
-                if not self.loop_ended:
+            cid, unaligned = codec.parse_barrier(payload)
+            if ch.back_edge and self.loop_ended:
+                return
+            if ch.back_edge or cid <= self.last_snapshot:
+                # A back-edge's barrier (held if it came first), or the barrier of a checkpoint
+                # this task has taken already (unaligned, or directly): it closes a log.
+                if not (unaligned and cid > self.last_snapshot):
                     for s in self.backlog.on_barrier(ch.id, cid).completed:
                         self._write(s)
+                    return
+            if unaligned:
+                self._trigger_unaligned(cid, {ch.id})
                 return
             d = self.aligner.on_barrier(ch.id, cid)
             if d.outcome is Outcome.ABORTED_AND_BLOCKED:
@@ -428,10 +551,9 @@ class Task:
         elif kind == codec.FrameKind.END:
             ch.ended = True
             _unregister(sel, ch)
-            if ch.back_edge:
-                for s in self.backlog.on_end_of_stream(ch.id).completed:
-                    self._write(s)
-            else:
+            for s in self.backlog.on_end_of_stream(ch.id).completed:
+                self._write(s)
+            if not ch.back_edge:
                 d = self.aligner.on_end_of_stream(ch.id)
                 if d.outcome is Outcome.TRIGGERED:
                     self._triggered(d.checkpoint_id, sel, blocked)  # type: ignore[arg-type]
@@ -455,10 +577,12 @@ class Task:
         for ch in self.inputs.values():
             sel.register(ch.sock, selectors.EVENT_READ, ch)
         runnable = self.runnable
-        runnable.extend(ch for ch in self.inputs.values() if ch.reader.buffered())
+        runnable.extend(ch for ch in self.inputs.values() if ch.has_frames())
         blocked: list[InputChannel] = []
+        self._sel, self._blocked = sel, blocked
         aligner, backlog = self.aligner, self.backlog
         self._maybe_finish()  # a task with no regular inputs at all
+        next_service = time.monotonic() + SERVICE_EVERY
 
         while not self.stop:
             while runnable and not self.stop:
@@ -472,17 +596,29 @@ class Task:
                     frame = ch.next_frame()
                     if frame is None:
                         break
-                    self._on_frame(ch, frame[0], frame[1], sel, blocked)
+                    self._on_frame(ch, frame[0], frame[1], sel, blocked, frame[2])
+                    if (self.responsive or backlog.logging) and time.monotonic() >= next_service:
+                        self._flush()
+                        self._service()
+                        next_service = time.monotonic() + SERVICE_EVERY
             self._flush()
             if self.stop:
                 break
-            for key, _ in sel.select():
+            self._check_aligned_timeout()
+            timeout = None
+            if self.aligned_timeout is not None and self.blocked_since is not None:
+                timeout = max(0.0, self.blocked_since + self.aligned_timeout - time.perf_counter())
+            for key, _ in sel.select(timeout):
                 if key.data is None:
-                    control.fill()
-                    for msg in control.poll():
+                    for msg in control.poll():  # non-blocking, like the channels' reads
                         self.on_control(msg)
                 else:
                     ch = key.data
-                    ch.fill()
+                    # Not a blocking read: a read-ahead for an earlier event of this batch
+                    # (a trigger on the control connection) may have taken these bytes.
+                    ch.fill_nowait(RECV_SIZE)
+                    if backlog.logging and not ch.ahead_stopped and backlog.waiting_on(ch.id):
+                        self._read_ahead(ch)
                     runnable.append(ch)
         sel.close()
+        self._sel = None

@@ -147,7 +147,8 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     writer = SnapshotWriter(control, task_id, deploy.checkpoint_dir, writer_failed)
     task = Task(spec, names, ops, source, source_name, outputs, inputs, control, writer, deploy.checkpoint_dir,
                 replay, restored_finished, activity, _file_tag(deploy.fence, generation), deploy.snapshot_encoding,
-                deploy.incremental)
+                deploy.incremental, deploy.aligned_timeout if deploy.aligned_timeout >= 0 else None,
+                deploy.unaligned)
     control.send(messages.Running(task_id))
     task.run()
     writer.flush()

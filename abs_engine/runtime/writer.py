@@ -35,12 +35,13 @@ class SnapshotWriter:
         self.thread.start()
 
     def submit(self, checkpoint_id: int, name: str, blob: bytes | Callable[[], bytes], alignment_ms: float,
-               logged: int, finished: bool, sync_ms: float = 0.0, base: int = -1, known: int = -1) -> None:
+               logged: int, finished: bool, sync_ms: float = 0.0, base: int = -1, known: int = -1,
+               unaligned: bool = False, inflight_bytes: int = 0, channel_state: int = 0) -> None:
         """Write ``blob`` (or what ``blob()`` returns, called on this thread: it may wait for a
         forked encoder) as the task's state file, then acknowledge it with the time the
         task thread spent (``sync_ms``) and the time from here to the acknowledgement."""
         self.jobs.put(_Job(checkpoint_id, name, blob, alignment_ms, logged, finished, sync_ms, time.perf_counter(),
-                           base, known))
+                           base, known, unaligned, inflight_bytes, channel_state))
 
     def flush(self) -> None:
         """Wait until every submitted snapshot is written and acknowledged."""
@@ -63,7 +64,8 @@ class SnapshotWriter:
                 self.control.send(
                     messages.Ack(job.checkpoint_id, self.task, job.name, len(blob), digest, job.alignment_ms,
                                  job.logged, job.finished, job.sync_ms,
-                                 (time.perf_counter() - job.submitted) * 1000, job.base, job.known)
+                                 (time.perf_counter() - job.submitted) * 1000, job.base, job.known,
+                                 job.unaligned, job.inflight_bytes, job.channel_state)
                 )
             except BaseException as e:  # noqa: BLE001 - reported to the driver, then the worker dies
                 self.on_error(e)
@@ -83,3 +85,6 @@ class _Job:
     submitted: float  #: perf_counter() at submit
     base: int = -1  #: incremental: the checkpoint this file's deltas apply to (-1: full)
     known: int = -1  #: incremental: the newest completion the task may build on
+    unaligned: bool = False
+    inflight_bytes: int = 0
+    channel_state: int = 0

@@ -1,7 +1,10 @@
 """The deterministic simulation of the checkpoint protocol (abs_engine/simulation.py):
 1,002 seeds over the three topologies pass, the oracle catches each deliberate bug, the
 same seed gives the same trace (also in another process, with another hash seed), and
-the runs exercise what they claim to (crashes, restores, aborts, back-edge logs)."""
+the runs exercise what they claim to (crashes, restores, aborts, back-edge logs). The
+unaligned modes (every task snapshots at once and logs every input's channel state; or an
+aligned checkpoint that turns unaligned after a timeout) run the same seeds, with the cut
+checks counting channel state."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from collections import Counter
 import pytest
 
 from abs_engine import simulation
-from abs_engine.simulation import TOPOLOGIES, Sim, SimFailure, reproduction, run_seed
+from abs_engine.simulation import MODES, TOPOLOGIES, Sim, SimFailure, reproduction, run_seed
 
 SEEDS_PER_TOPOLOGY = 334  # 1,002 seeds in all: a few seconds
 
@@ -23,6 +26,28 @@ def test_every_seed_keeps_every_invariant(topology: str) -> None:
     failures = [f"seed={s}: {err}; reproduce: {reproduction(s, topology)}"
                 for s in range(SEEDS_PER_TOPOLOGY) if (err := run_seed(s, topology)) is not None]
     assert not failures, "\n".join(failures[:5])
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "aligned"])
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_unaligned_checkpoints_keep_every_invariant(mode: str, topology: str) -> None:
+    failures = [f"seed={s}: {err}; reproduce: {reproduction(s, topology, mode=mode)}"
+                for s in range(SEEDS_PER_TOPOLOGY // 2) if (err := run_seed(s, topology, mode=mode)) is not None]
+    assert not failures, "\n".join(failures[:5])
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "aligned"])
+def test_unaligned_runs_persist_channel_state_and_the_oracle_needs_it(mode: str) -> None:
+    total: Counter[str] = Counter()
+    for s in range(60):
+        sim = Sim(s, TOPOLOGIES[s % 3], mode=mode)
+        sim.run()
+        total.update(sim.stats)
+    # Unaligned snapshots happened, and records in flight on regular channels were persisted.
+    assert total["unaligned"] >= 100 and total["channel_state"] >= 100 and total["restored"] >= 5, total
+    # Without the regular inputs' channel state the cuts are not consistent.
+    caught = [s for s in range(40) if run_seed(s, TOPOLOGIES[s % 3], bug="no-channel-state", mode=mode)]
+    assert len(caught) >= 10, caught
 
 
 def test_the_real_checkpoint_storage_on_disk_too() -> None:

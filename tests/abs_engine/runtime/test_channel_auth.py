@@ -54,7 +54,7 @@ def test_strangers_and_tricklers_are_dropped_and_the_real_producer_gets_through(
     ch = channels["a->b"]  # type: ignore[index]
     while (f := ch.next_frame()) is None:
         ch.fill()
-    assert f == (codec.FrameKind.RECORDS, codec.pack(["real"]))
+    assert f == (codec.FrameKind.RECORDS, codec.pack(["real"]), False)
     assert time.monotonic() - t0 < 5  # not delayed by the trickler
     # the stranger got the challenge and nothing more, then was closed
     stranger.settimeout(5)

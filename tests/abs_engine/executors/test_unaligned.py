@@ -1,0 +1,145 @@
+"""Unaligned checkpoints (mode="unaligned") and the aligned timeout, end to end: real worker
+processes, real SIGKILLs after completed checkpoints, output compared with a batch oracle;
+the checkpoints persisted records in flight (else the runs would prove nothing about channel
+state), and a checkpoint with channel state refuses a rescale with a clear error."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from abs_engine import Dataflow
+from abs_engine.checkpoint.storage import CheckpointStorage
+from abs_engine.errors import RescaleError, RescaleErrorReason
+from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
+from examples import bank, collatz
+from tests.abs_engine.executors.test_rescaling import pipeline, pipeline_oracle
+from tests.chaos_checks import assert_each_kill_restored
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+WORDS = [f"w{(i * 7919) % 5003}" for i in range(300_000)]
+
+
+def wordcount(sink: CapturingSink, parallelism: int) -> Dataflow:
+    flow = Dataflow("wordcount", parallelism=parallelism)
+    flow.source(TestingSource(WORDS, batch_size=500), name="words").key_by().count_final(name="count") \
+        .sink(sink, name="sink", parallelism=1)
+    return flow
+
+
+def persisted_in_flight(res) -> int:  # type: ignore[no-untyped-def]
+    unaligned = [c for c in res.checkpoints if c.mode == "unaligned"]
+    assert unaligned, [c.mode for c in res.checkpoints]
+    assert all(c.unaligned_tasks > 0 for c in unaligned)
+    assert all((c.inflight_records == 0) == (c.inflight_bytes == 0) for c in res.checkpoints)
+    return sum(c.inflight_records for c in res.checkpoints)
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_wordcount_unaligned_is_exact_under_sigkills(tmp_path, parallelism):
+    sink = CapturingSink(tmp_path / "out")
+    chaos = KillOnCheckpoints([1, 3], seed=parallelism)
+    res = wordcount(sink, parallelism).run(mode="unaligned", checkpoint_interval=0.02, chaos=chaos,
+                                           checkpoint_dir=str(tmp_path / "ck"), restart_delay=0)
+    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert dict(sink.records()) == collections.Counter(WORDS)
+    persisted_in_flight(res)
+
+
+def assert_pipeline_cuts_consistent(ck: str, n: int) -> None:
+    """In every completed checkpoint: records the sources emitted == counted by count1 + in
+    flight into count1, and count1's emissions (one per count) == counted by count2 + in
+    flight into count2 (Chandy and Lamport's cut: state plus channel state)."""
+    storage = CheckpointStorage(ck)
+    ids = storage.completed_ids()
+    assert ids
+    for cid in ids:
+        meta = storage.verify(cid)
+        left = counted1 = counted2 = into1 = into2 = 0
+        for t in meta.tasks:
+            state, logs = storage.read_state(cid, t, meta), storage.read_logs(cid, t, meta)
+            in_flight = sum(len(v) for v in logs.values())
+            if t.startswith("source#"):
+                left += sum(len(range(a, n, step)) for a, step in state["source"])
+            elif t.startswith("count1#"):
+                counted1, into1 = counted1 + sum(state["count1"].values()), into1 + in_flight
+            elif t.startswith("count2#"):
+                counted2, into2 = counted2 + sum(state["count2"].values()), into2 + in_flight
+        assert counted1 + into1 == n - left, (cid, counted1, into1, n - left)
+        assert counted2 + into2 == counted1, (cid, counted2, into2, counted1)
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_pipeline_unaligned_emits_every_record_once_under_sigkills(tmp_path, parallelism):
+    n, sink, ck = 600_000, CapturingSink(tmp_path / "out"), str(tmp_path / "ck")
+    chaos = KillOnCheckpoints([1, 3], seed=10 + parallelism)
+    res = pipeline(n, sink, parallelism).run(mode="unaligned", checkpoint_interval=0.02, chaos=chaos,
+                                             checkpoint_dir=ck, restart_delay=0, retained_checkpoints=10_000)
+    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
+    assert persisted_in_flight(res) > 0, "no checkpoint held records in flight: the run proves nothing"
+    assert_pipeline_cuts_consistent(ck, n)
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_collatz_unaligned_is_exact_under_sigkills(tmp_path, parallelism):
+    n, out = 30_000, str(tmp_path / "out.tsv")
+    chaos = KillOnCheckpoints([1, 2, 3], seed=parallelism)
+    res = collatz.build_flow(n, out, parallelism).run(mode="unaligned", checkpoint_interval=0.05, chaos=chaos,
+                                                      checkpoint_dir=str(tmp_path / "ck"), restart_delay=0)
+    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert collatz.read_output(out) == collatz.oracle(n)
+    persisted_in_flight(res)
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_bank_unaligned_is_exact_and_conserved_in_every_checkpoint(tmp_path, parallelism):
+    """Conservation on every completed checkpoint: balances + credits in flight (back-edge
+    logs and regular inputs' channel state alike) == the money the bank started with."""
+    accounts, transfers, seed, ck = 50, 150_000, parallelism, str(tmp_path / "ck")
+    out = str(tmp_path / "out.tsv")
+    chaos = KillOnCheckpoints([1, 2, 3], seed=20 + parallelism)
+    res = bank.build_flow(accounts, transfers, seed, out, parallelism).run(
+        mode="unaligned", checkpoint_interval=0.03, chaos=chaos, checkpoint_dir=ck, restart_delay=0,
+        retained_checkpoints=10_000)
+    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert bank.read_output(out) == bank.oracle(accounts, transfers, seed)
+    storage = CheckpointStorage(ck)
+    assert len(storage.completed_ids()) >= 3
+    for cid in storage.completed_ids():
+        assert bank.conserved_total(storage, cid, accounts) == bank.INITIAL * accounts, cid
+    assert persisted_in_flight(res) > 0
+
+
+def test_the_aligned_timeout_turns_slow_alignments_unaligned_and_stays_exact(tmp_path):
+    """aligned_timeout=0: every task that has to wait for a second barrier snapshots unaligned
+    at once (the checkpoint's barriers carry that on), and the output is still exact."""
+    n, sink = 400_000, CapturingSink(tmp_path / "out")
+    chaos = KillOnCheckpoints([2], seed=4)
+    res = pipeline(n, sink, 2).run(aligned_timeout=0.0, checkpoint_interval=0.02, chaos=chaos,
+                                   checkpoint_dir=str(tmp_path / "ck"), restart_delay=0)
+    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
+    assert {c.mode for c in res.checkpoints} == {"aligned"}
+    assert any(c.unaligned_tasks > 0 for c in res.checkpoints), "no alignment ever timed out"
+
+
+def test_a_checkpoint_with_channel_state_refuses_a_rescale_naming_the_fix(tmp_path):
+    n, ck = 1_000_000, str(tmp_path / "ck")
+    sink = CapturingSink(tmp_path / "out")
+    first = pipeline(n, sink, 2).run(mode="unaligned", checkpoint_interval=0.02, checkpoint_dir=ck,
+                                     stop_when=lambda r: any(c.inflight_records for c in r.checkpoints))
+    assert first.cancelled
+    storage = CheckpointStorage(ck)
+    newest = storage.load_metadata(storage.completed_ids()[-1])
+    if not newest.channel_state:  # a later checkpoint that happened to hold nothing in flight
+        pytest.skip("the newest checkpoint holds no channel state")
+    with pytest.raises(RescaleError) as info:
+        pipeline(n, sink, 3).run(mode="unaligned", checkpoint_dir=ck, resume=True)
+    assert info.value.reason is RescaleErrorReason.IN_FLIGHT
+    assert "resume at the parallelism it ran with" in str(info.value) and "savepoint" in str(info.value)
+    # At the same parallelism it resumes, and the output is exact.
+    pipeline(n, sink, 2).run(mode="unaligned", checkpoint_interval=0.05, checkpoint_dir=ck, resume=True)
+    assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
