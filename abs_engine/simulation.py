@@ -598,7 +598,7 @@ class Sim:
         self.coord = CheckpointCoordinator(
             "sim", "fp", list(self.tasks), self.sources, self.storage, self.interval, self.timeout,
             self.max_in_flight, next_id, clock=lambda: self.now, loops=self.topo.loops, drain_interval=self.interval / 2,
-            unaligned=self.mode == "unaligned")
+            unaligned=self.mode == "unaligned", aligned_timeout=self.aligned_timeout)
         if self.final_restore:
             return
         for t, task in self.tasks.items():  # Task.run: end of stream if restored finished, then replay

@@ -1,11 +1,12 @@
 """The ABS paper's comparison on abs-engine, in one command.
 
     python benchmarks/suite.py --quick      # under 3 minutes: a check before a release
-    python benchmarks/suite.py              # the full run (about 7 minutes on 2 cores)
+    python benchmarks/suite.py              # the full run (about 10 minutes on 2 cores)
 
 Measures, side by side in one run and repeated (median and min-max):
-1. runtime overhead against snapshot interval (0.1 ... 5 s) of ABS (`aligned`) and
-   `stop-the-world` relative to no checkpoints, on word count and on a paper-like pipeline
+1. runtime overhead against snapshot interval (0.1 ... 5 s) of ABS (`aligned`), `unaligned`
+   (Chandy-Lamport) and `stop-the-world` relative to no checkpoints, on word count and on a
+   paper-like pipeline
    (a source and three keyed stages joined by full hash shuffles, parallelism 2);
 2. scalability: word-count throughput at parallelism 1, 2, 4 (on 2 cores);
 3. checkpoint latency (trigger to complete) and alignment time per checkpoint;
@@ -33,7 +34,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 from abs_engine.testing import write_zipf_corpus  # noqa: E402
 from benchmarks import workloads  # noqa: E402
 
-MODES = ("none", "aligned", "stop-the-world")
+MODES = ("none", "aligned", "unaligned", "stop-the-world")
+CKPT_MODES = MODES[1:]  #: the three ways to checkpoint, compared with none
+COLORS = {"aligned": "tab:blue", "unaligned": "tab:green", "stop-the-world": "tab:red"}
 
 
 def run_one(kind: str, mode: str, interval: float, parallelism: int, size: int, corpus: str,
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(repeat):
         variants = [(kind, "none", 1.0, 2) for kind in ("wordcount", "pipeline")]
         variants += [(kind, mode, iv, 2) for kind in ("wordcount", "pipeline") for iv in intervals
-                     for mode in ("aligned", "stop-the-world")]
+                     for mode in CKPT_MODES]
         # Scalability: parallelism 1 and 4 (2 is the interval-1 s ABS run, added if absent).
         variants += [("wordcount", "aligned", 1.0, p) for p in (1, 4) + (() if 1.0 in intervals else (2,))]
         rng.shuffle(variants)
@@ -137,7 +140,7 @@ def summarise(rows: list[dict[str, Any]], intervals: list[float], quick: bool, r
     overhead: dict[str, dict[str, dict[str, list[float]]]] = {}
     for kind in ("wordcount", "pipeline"):
         overhead[kind] = {}
-        for mode in ("aligned", "stop-the-world"):
+        for mode in CKPT_MODES:
             overhead[kind][mode] = {}
             for iv in intervals:
                 ratios = []
@@ -147,11 +150,11 @@ def summarise(rows: list[dict[str, Any]], intervals: list[float], quick: bool, r
                     if base and got:
                         ratios.append(got[0]["seconds"] / base[0]["seconds"] - 1)
                 overhead[kind][mode][str(iv)] = ratios
-    latency = {mode: [c["ms"] for r in sel(mode=mode) for c in r["checkpoints"]] for mode in ("aligned", "stop-the-world")}
+    latency = {mode: [c["ms"] for r in sel(mode=mode) for c in r["checkpoints"]] for mode in CKPT_MODES}
     alignment = [c["alignment_ms"] for r in sel(mode="aligned") for c in r["checkpoints"]]
     gaps = {mode: [r["max_gap_s"] for r in sel(workload="pipeline", mode=mode)] for mode in MODES}
     gaps_by_interval = {mode: {str(iv): [r["max_gap_s"] for r in sel(workload="pipeline", mode=mode, interval=iv)]
-                               for iv in intervals} for mode in ("aligned", "stop-the-world")}
+                               for iv in intervals} for mode in CKPT_MODES}
     scal = {p: [r["records_per_s"] for r in sel(workload="wordcount", mode="aligned", interval=1.0, parallelism=p)]
             for p in (1, 2, 4)}
     return {
@@ -173,7 +176,7 @@ def plot(rows: list[dict[str, Any]], s: dict[str, Any], intervals: list[float], 
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
     for ax, kind in zip(axes, ("wordcount", "pipeline")):
-        for mode, color in (("aligned", "tab:blue"), ("stop-the-world", "tab:red")):
+        for mode, color in COLORS.items():
             data = [s["overhead"][kind][mode][str(iv)] for iv in intervals]
             m = [100 * med(d) for d in data]
             lo = [100 * (med(d) - min(d)) if d else 0 for d in data]
@@ -187,7 +190,7 @@ def plot(rows: list[dict[str, Any]], s: dict[str, Any], intervals: list[float], 
         ax.set_ylabel("runtime overhead vs no checkpoints (%)")
         ax.set_title(kind)
         ax.legend()
-    fig.suptitle("ABS vs stop-the-world: overhead against snapshot interval (median, min-max)")
+    fig.suptitle("aligned vs unaligned vs stop-the-world: overhead against snapshot interval (median, min-max)")
     fig.tight_layout()
     fig.savefig(os.path.join(outdir, "overhead_vs_interval.png"), dpi=110)
     plt.close(fig)
@@ -207,9 +210,10 @@ def plot(rows: list[dict[str, Any]], s: dict[str, Any], intervals: list[float], 
     plt.close(fig)
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    lat = [s["checkpoint_ms"]["aligned"], s["checkpoint_ms"]["stop-the-world"]]
-    axes[0].boxplot(lat, tick_labels=["aligned (ABS)", "stop-the-world"], showfliers=True)
-    axes[0].set_yscale("log")
+    lat = [s["checkpoint_ms"][m] or [0.0] for m in CKPT_MODES]
+    axes[0].boxplot(lat, tick_labels=["aligned (ABS)", "unaligned", "stop-the-world"], showfliers=True)
+    if any(v > 0 for ms in lat for v in ms):  # (a tiny run may have taken no checkpoint)
+        axes[0].set_yscale("log")
     axes[0].set_ylabel("checkpoint latency, trigger to complete (ms)")
     axes[0].set_title("checkpoint latency")
     axes[1].hist(s["alignment_ms"] or [0], bins=30, color="tab:blue")
@@ -221,7 +225,7 @@ def plot(rows: list[dict[str, Any]], s: dict[str, Any], intervals: list[float], 
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for mode, color in (("aligned", "tab:blue"), ("stop-the-world", "tab:red")):
+    for mode, color in COLORS.items():
         data = [s["max_output_gap_by_interval_s"][mode][str(iv)] for iv in intervals]
         ax.plot(intervals, [1000 * med(d) for d in data], marker="o", color=color, label=mode)
     ax.axhline(1000 * med(s["max_output_gap_s"]["none"]), color="gray", ls="--", label="none")
@@ -244,7 +248,7 @@ def markdown(s: dict[str, Any], intervals: list[float]) -> str:
         return f"{100 * med(xs):+.1f}% [{100 * min(xs):+.1f}, {100 * max(xs):+.1f}]"
 
     lines = [
-        "# ABS vs stop-the-world vs no checkpoints",
+        "# ABS (aligned) vs unaligned vs stop-the-world vs no checkpoints",
         "",
         f"Command: `{s['command']}`  ",
         f"Machine: {s['machine']['cpus']} cores, Python {s['machine']['python']}; {s['when']}; "
@@ -255,14 +259,14 @@ def markdown(s: dict[str, Any], intervals: list[float]) -> str:
         "",
         "![overhead](plots/overhead_vs_interval.png)",
         "",
-        "| interval (s) | word count: ABS | word count: stop-the-world | pipeline: ABS | pipeline: stop-the-world |",
-        "|---|---|---|---|---|",
+        "| interval (s) | word count: ABS | word count: unaligned | word count: stop-the-world | pipeline: ABS | "
+        "pipeline: unaligned | pipeline: stop-the-world |",
+        "|---|---|---|---|---|---|---|",
     ]
     for iv in intervals:
         o = s["overhead"]
-        lines.append(f"| {iv:g} | {pct(o['wordcount']['aligned'][str(iv)])} | "
-                     f"{pct(o['wordcount']['stop-the-world'][str(iv)])} | {pct(o['pipeline']['aligned'][str(iv)])} | "
-                     f"{pct(o['pipeline']['stop-the-world'][str(iv)])} |")
+        lines.append(f"| {iv:g} | " + " | ".join(pct(o[kind][mode][str(iv)]) for kind in ("wordcount", "pipeline")
+                                                  for mode in CKPT_MODES) + " |")
     lat = s["checkpoint_ms"]
     al = s["alignment_ms"]
     lines += [
@@ -272,7 +276,9 @@ def markdown(s: dict[str, Any], intervals: list[float]) -> str:
         "![latency](plots/checkpoint_latency.png)",
         "",
         f"Trigger to complete: ABS median {med(lat['aligned']):.1f} ms (max {max(lat['aligned'], default=0):.0f} ms, "
-        f"{len(lat['aligned'])} checkpoints); stop-the-world median {med(lat['stop-the-world']):.1f} ms "
+        f"{len(lat['aligned'])} checkpoints); unaligned median {med(lat['unaligned']):.1f} ms "
+        f"(max {max(lat['unaligned'], default=0):.0f} ms, {len(lat['unaligned'])} checkpoints); "
+        f"stop-the-world median {med(lat['stop-the-world']):.1f} ms "
         f"(max {max(lat['stop-the-world'], default=0):.0f} ms, {len(lat['stop-the-world'])} checkpoints). "
         f"Longest alignment per ABS checkpoint: median {med(al):.2f} ms, max {max(al, default=0):.1f} ms.",
         "",
@@ -280,14 +286,13 @@ def markdown(s: dict[str, Any], intervals: list[float]) -> str:
         "",
         "![stall](plots/output_stall.png)",
         "",
-        "| interval (s) | ABS | stop-the-world |",
-        "|---|---|---|",
+        "| interval (s) | ABS | unaligned | stop-the-world |",
+        "|---|---|---|---|",
     ]
     g = s["max_output_gap_by_interval_s"]
     for iv in intervals:
-        lines.append(f"| {iv:g} | {1000 * med(g['aligned'][str(iv)]):.0f} ms | "
-                     f"{1000 * med(g['stop-the-world'][str(iv)]):.0f} ms |")
-    lines.append(f"| none | {1000 * med(s['max_output_gap_s']['none']):.0f} ms | |")
+        lines.append(f"| {iv:g} | " + " | ".join(f"{1000 * med(g[m][str(iv)]):.0f} ms" for m in CKPT_MODES) + " |")
+    lines.append(f"| none | {1000 * med(s['max_output_gap_s']['none']):.0f} ms | | |")
     sc = s["wordcount_words_per_s_by_parallelism"]
     lines += [
         "",

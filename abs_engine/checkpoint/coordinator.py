@@ -74,6 +74,7 @@ class CheckpointCoordinator:
         drain_interval: float = 0.1,
         stop_the_world: bool = False,
         unaligned: bool = False,
+        aligned_timeout: float | None = None,
         channels: frozenset[str] = frozenset(),
         wave_interval: float = 0.002,
         job_id: str = "",
@@ -104,6 +105,11 @@ class CheckpointCoordinator:
         self.direct: set[str] = set()  #: triggered directly: finished, or regular inputs ended
         self.stop_the_world = stop_the_world
         self.unaligned = unaligned
+        #: An aligned checkpoint still pending this long after its trigger turns unaligned:
+        #: every task that has not acknowledged it is triggered unaligned (its barrier may
+        #: sit behind queued data where no task can see it, so a task's own timer is not enough).
+        self.aligned_timeout = aligned_timeout
+        self.escalated: set[int] = set()
         self.modes: dict[int, str] = {}  #: checkpoint id -> how it was triggered (pending ones)
         self.quiescence = QuiescenceDetector(self.tasks, channels)
         self.wave_interval = wave_interval
@@ -151,6 +157,8 @@ class CheckpointCoordinator:
     def deadline(self) -> float | None:
         """When poll() next has something to do (None: only on messages)."""
         times = [p.started + self.timeout for p in self.pending.values()]
+        if self.aligned_timeout is not None:
+            times += [p.started + self.aligned_timeout for cid, p in self.pending.items() if self._escalates(cid, p)]
         if self.next_wave_at is not None:
             times.append(self.next_wave_at)
         # A due trigger is only actionable below the in-flight limit (else: busy loop).
@@ -176,6 +184,13 @@ class CheckpointCoordinator:
                     self.savepoint_id, self.savepoint_requested, self.next_trigger_at = None, True, now
                 if cid == self.stw_checkpoint:
                     out += self._end_stop_the_world(cid)  # never leave the sources paused
+        if self.aligned_timeout is not None:
+            for cid, p in sorted(self.pending.items()):
+                if self._escalates(cid, p) and now - p.started >= self.aligned_timeout:
+                    self.escalated.add(cid)
+                    targets = sorted(self.tasks - set(p.acks))
+                    p.triggered_directly |= set(targets)
+                    out += [(t, messages.Trigger(cid, True)) for t in targets]
         if self.next_wave_at is not None and now >= self.next_wave_at:
             self.next_wave_at = None
             wave = self.quiescence.next_wave()
@@ -218,12 +233,19 @@ class CheckpointCoordinator:
         p.triggered_directly |= targets
         return [(t, messages.Trigger(cid, unaligned)) for t in sorted(targets)]
 
+    def _escalates(self, cid: int, p: PendingCheckpoint) -> bool:
+        """Whether pending checkpoint ``cid`` is one the aligned timeout may still turn
+        unaligned (aligned, not a savepoint, not turned yet)."""
+        return (cid not in self.escalated and not p.stop_the_world and not p.final
+                and self.modes.get(cid) == "aligned")
+
     def mode_of(self, checkpoint_id: int) -> str:
         """How a checkpoint this coordinator triggered was taken (for its statistics); asked
         once, when it completed (older entries go: aborted or subsumed)."""
         mode = self.modes.get(checkpoint_id, "aligned")
         for cid in [c for c in self.modes if c <= checkpoint_id]:
             del self.modes[cid]
+        self.escalated = {c for c in self.escalated if c > checkpoint_id}
         return mode
 
     def on_finished(self, task: str) -> list[tuple[str, messages.Message]]:

@@ -109,9 +109,10 @@ class JobConfig:
         where savepoints go (``<checkpoint_dir>/savepoints`` by default for a
         local checkpoint directory, else ``./savepoints``).
     ``aligned_timeout``
-        with mode="aligned": seconds a task may spend aligning a checkpoint's barriers before
-        it snapshots unaligned instead (Flink's aligned-checkpoint-timeout; 0: unaligned at
-        the first barrier, but triggered at the sources only). None (default): never.
+        with mode="aligned": a checkpoint still pending this many seconds after its trigger
+        turns unaligned (Flink's aligned-checkpoint-timeout): the coordinator triggers every
+        task that has not snapshotted it, unaligned; a task whose own alignment lasts this
+        long switches too. None (default): never.
     ``stop_with_savepoint_on_signal``
         while run() runs in the main thread, SIGTERM or Ctrl-C
         takes a savepoint, commits the sinks and returns (``JobResult.savepoint``,

@@ -506,6 +506,7 @@ class JobMaster:
             loops=self.plan.loops(),
             stop_the_world=cfg.mode == "stop-the-world",
             unaligned=cfg.mode == "unaligned",
+            aligned_timeout=cfg.aligned_timeout,
             channels=frozenset(c.id for t in self.plan.tasks for c in t.inputs),
             job_id=self.job_id,
             layout=self.layout,

@@ -49,6 +49,10 @@ GATHER_MAX = 8192  # records gathered from buffered frames before they are proce
 #: of an unaligned checkpoint), reads ahead the inputs a log waits on, and checks the
 #: aligned timeout: the reaction time of an unaligned checkpoint, short of one batch.
 SERVICE_EVERY = 0.005
+#: With unaligned checkpoints possible, a gathered batch is kept to about this much work
+#: (measured per record), so a trigger waits for at most that: a slow stage's batch of
+#: GATHER_MAX records could otherwise hold the task for a second.
+BATCH_WORK = 0.01
 
 
 def _unregister(sel: selectors.BaseSelector, ch: InputChannel) -> None:
@@ -121,6 +125,10 @@ class Task:
         self.responsive = unaligned or aligned_timeout is not None
         self._sel: selectors.BaseSelector | None = None
         self._blocked: list[InputChannel] = []
+        #: Records gathered before they are processed: GATHER_MAX, or (responsive) what
+        #: BATCH_WORK allows at the measured seconds per record.
+        self.gather_max = GATHER_MAX
+        self._per_record = 0.0
         self.finished = False
         self.inputs_ended = False  #: every regular input ended (reported once)
         self.loop_ended = False
@@ -501,7 +509,14 @@ class Task:
         if self.gathered:
             batch, self.gathered = self.gathered, []
             self.records_in += len(batch)
+            if not self.responsive:
+                self._emit(self._process(batch, 0))
+                return
+            began = time.perf_counter()
             self._emit(self._process(batch, 0))
+            per = (time.perf_counter() - began) / len(batch)
+            self._per_record = per if not self._per_record else 0.8 * self._per_record + 0.2 * per
+            self.gather_max = max(1, min(GATHER_MAX, int(BATCH_WORK / max(self._per_record, 1e-9))))
 
     def _on_frame(self, ch: InputChannel, kind: int, payload: bytes,
                   sel: selectors.BaseSelector, blocked: list[InputChannel], ahead: bool = False) -> None:
@@ -518,7 +533,7 @@ class Task:
             batch = codec.unpack(payload)
             ch.records += len(batch)
             self.gathered.extend(batch)
-            if len(self.gathered) >= GATHER_MAX:
+            if len(self.gathered) >= self.gather_max:
                 self._flush()
             return
         self._flush()

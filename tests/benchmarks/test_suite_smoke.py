@@ -17,7 +17,7 @@ def test_suite_quick_on_tiny_inputs_writes_results_plots_and_summary(tmp_path):
     assert suite.main(["--quick", "--words", "200000", "--records", "20000", "--out", str(out)]) == 0
     doc = json.loads((out / "suite.json").read_text())
     modes = {r["mode"] for r in doc["runs"]}
-    assert modes == {"none", "aligned", "stop-the-world"}
+    assert modes == {"none", "aligned", "unaligned", "stop-the-world"}
     assert {r["parallelism"] for r in doc["runs"]} == {1, 2, 4}
     assert all(r["seconds"] > 0 for r in doc["runs"])
     assert set(doc["summary"]["overhead"]["pipeline"]["stop-the-world"]) == {"0.1", "0.5", "2.0"}
@@ -25,7 +25,7 @@ def test_suite_quick_on_tiny_inputs_writes_results_plots_and_summary(tmp_path):
         data = (out / "plots" / f"{png}.png").read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 5_000
     md = (out / "suite.md").read_text()
-    assert "stop-the-world" in md and "plots/overhead_vs_interval.png" in md
+    assert "stop-the-world" in md and "unaligned" in md and "plots/overhead_vs_interval.png" in md
 
 
 def test_incremental_bench_runs_on_tiny_inputs(tmp_path):
@@ -38,3 +38,18 @@ def test_incremental_bench_runs_on_tiny_inputs(tmp_path):
     assert set(doc["median_s"]) >= {"none", "ABS 1s, incremental", "ABS 0.1s, full"}
     for png in ("incremental_bytes", "incremental_sync_time"):
         assert (out / "plots" / f"{png}.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_unaligned_bench_runs_on_tiny_inputs(tmp_path):
+    from benchmarks import unaligned_bench
+
+    out = tmp_path / "results"
+    assert unaligned_bench.main(["--tiny", "--out", str(out)]) == 0
+    doc = json.loads((out / "unaligned.json").read_text())
+    assert set(doc["summary"]["backpressure"]) == set(unaligned_bench.VARIANTS)
+    modes = {c["mode"] for row in doc["backpressure"] for c in row["checkpoints"]}
+    assert modes <= {"aligned", "unaligned"}
+    assert set(doc["summary"]["overhead_pct"]) == {"aligned 1.0s", "aligned 0.1s", "unaligned 1.0s",
+                                                   "unaligned 0.1s"}
+    assert (out / "plots" / "unaligned_checkpoints.png").read_bytes().startswith(b"\x89PNG")
+    assert "Under backpressure" in (out / "unaligned.md").read_text()

@@ -495,3 +495,35 @@ def test_stop_the_world_timeout_resumes_the_sources(storage, clock):
     clock.advance(2.5)
     out = c.poll()
     assert sorted(t for t, m in out if isinstance(m, messages.Resume)) == sorted(SOURCES)
+
+
+def test_unaligned_mode_triggers_every_task_and_savepoints_stay_aligned(storage, clock):
+    c = make(storage, clock, unaligned=True)
+    clock.advance(1.0)
+    assert sorted(c.poll()) == sorted((t, Trigger(1, True)) for t in TASKS)
+    for t in TASKS:
+        c.on_ack(ack(storage, 1, t))
+    assert c.mode_of(1) == "unaligned"
+    c.request_savepoint(stop=False)
+    assert sorted(c.poll()) == sorted((t, Trigger(2, False)) for t in SOURCES)
+    for t in TASKS:
+        c.on_ack(ack(storage, 2, t))
+    assert c.mode_of(2) == "savepoint"
+
+
+def test_the_aligned_timeout_turns_a_pending_checkpoint_unaligned_at_the_tasks_that_owe_it(storage, clock):
+    c = make(storage, clock, aligned_timeout=0.5)
+    clock.advance(1.0)
+    assert sorted(c.poll()) == sorted((t, Trigger(1, False)) for t in SOURCES)
+    assert c.deadline() == pytest.approx(clock.t + 0.5)
+    c.on_ack(ack(storage, 1, "read#0"))
+    clock.advance(0.4)
+    assert c.poll() == []  # not yet
+    clock.advance(0.1)
+    turned = c.poll()
+    assert sorted(turned) == sorted((t, Trigger(1, True)) for t in TASKS if t != "read#0")
+    clock.advance(0.5)
+    assert c.poll() == []  # once
+    for t in TASKS[1:]:
+        c.on_ack(ack(storage, 1, t))
+    assert c.mode_of(1) == "aligned" and not c.pending

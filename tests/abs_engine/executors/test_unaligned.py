@@ -143,3 +143,33 @@ def test_a_checkpoint_with_channel_state_refuses_a_rescale_naming_the_fix(tmp_pa
     # At the same parallelism it resumes, and the output is exact.
     pipeline(n, sink, 2).run(mode="unaligned", checkpoint_interval=0.05, checkpoint_dir=ck, resume=True)
     assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
+
+
+def test_unaligned_with_incremental_checkpoints_is_exact_under_sigkills(tmp_path):
+    n, sink, ck = 600_000, CapturingSink(tmp_path / "out"), str(tmp_path / "ck")
+    chaos = KillOnCheckpoints([2, 4], seed=6)
+    res = pipeline(n, sink, 2).run(mode="unaligned", incremental_checkpoints=True, checkpoint_interval=0.02,
+                                   chaos=chaos, checkpoint_dir=ck, restart_delay=0, retained_checkpoints=10_000)
+    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
+    assert any(c.delta_tasks for c in res.checkpoints) and persisted_in_flight(res) > 0
+    assert_pipeline_cuts_consistent(ck, n)
+
+
+@pytest.mark.spark
+def test_a_spark_source_on_the_spark_executor_unaligned_is_exact_under_sigkills(tmp_path, spark, text_dir):
+    """Spark on both sides: a SparkSource read by workers that run inside a Spark barrier
+    stage, unaligned checkpoints, SIGKILLs after checkpoints; word counts exact."""
+    from operators import FileSink
+    from operators.spark import SparkSource
+    from tests.conftest import batch_word_count_dir
+    from tests.operators.test_spark import counts_file
+    from tests.operators.test_spark import wordcount as spark_wordcount
+
+    out = str(tmp_path / "out.tsv")
+    chaos = KillOnCheckpoints([1, 2], seed=8)
+    res = spark_wordcount(SparkSource.text(text_dir, spark=spark), FileSink(out), 2).run(
+        mode="unaligned", checkpoint_interval=0.05, chaos=chaos, restart_delay=0, executor="spark", spark=spark)
+    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert counts_file(out) == batch_word_count_dir(text_dir)
+    assert any(c.mode == "unaligned" for c in res.checkpoints)
