@@ -88,6 +88,25 @@ class Wire:
             plain, self.rest = plain[:n], plain[n:]
         return plain
 
+    def read_nowait(self, chunk: int, limit: int | None = None) -> tuple[list[bytes], bool]:
+        """What the socket has, in chunks of up to ``chunk`` bytes, until it would block or
+        about ``limit`` bytes are read (None: no limit), without blocking (MSG_DONTWAIT, not a
+        mode switch: another thread may be sending meanwhile); and whether the peer closed."""
+        got: list[bytes] = []
+        total = 0
+        while limit is None or total < limit:
+            try:
+                data = self.recv(chunk, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            if data is None:
+                continue  # part of a TLS record; the next read tells whether more is there
+            if not data:
+                return got, True
+            got.append(data)
+            total += len(data)
+        return got, False
+
     def take_rest(self) -> bytes:
         rest, self.rest = self.rest, b""
         return rest

@@ -116,19 +116,12 @@ class InputChannel:
 
     def fill_nowait(self, limit: int = 8 * RECV_SIZE) -> None:
         """Read what the socket has, up to about ``limit`` bytes, without blocking."""
-        got = 0
-        while got < limit:
-            try:
-                data = self.wire.recv(RECV_SIZE, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return
-            if data is None:
-                continue  # part of a TLS record; the next read tells whether more is there
-            if not data:
-                raise ChannelClosed(f"input channel {self.id} closed before end of stream (its producer died)",
-                                    self.id.split("->")[0])
+        chunks, closed = self.wire.read_nowait(RECV_SIZE, limit)
+        for data in chunks:
             self.reader.feed(data)
-            got += len(data)
+        if closed:
+            raise ChannelClosed(f"input channel {self.id} closed before end of stream (its producer died)",
+                                self.id.split("->")[0])
 
     def next_frame(self) -> tuple[int, bytes, bool] | None:
         """The next frame to process, and whether it was read ahead (and so logged)."""

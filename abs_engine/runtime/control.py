@@ -9,7 +9,6 @@ first (wire.py); sends seal and write under the one lock, so frames go out in or
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections import deque
 
@@ -62,17 +61,12 @@ class ControlLink:
     def poll(self) -> list[messages.Message]:
         """Every message that has arrived, without blocking. MSG_DONTWAIT, not a blocking
         mode switch: the snapshot-writer thread may be sending on this socket meanwhile."""
-        while True:
-            try:
-                data = self.wire.recv(RECV_SIZE, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                break
-            if data is None:
-                continue  # part of a TLS record; the next read tells whether more is there
-            if not data:
-                raise DriverGone("the driver closed the control connection")
+        chunks, closed = self.wire.read_nowait(RECV_SIZE)
+        for data in chunks:
             self.reader.feed(data)
             self._drain_reader()
+        if closed:
+            raise DriverGone("the driver closed the control connection")
         out = list(self.inbox)
         self.inbox.clear()
         return out
