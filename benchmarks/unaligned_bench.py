@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -85,10 +86,11 @@ def backpressured(records: int, cost: float, out: str) -> Dataflow:
 
 
 def pct(xs: list[float], q: float) -> float:
+    """The nearest-rank percentile (p50 of two values is the lower one)."""
     if not xs:
         return float("nan")
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
+    return xs[max(0, min(len(xs) - 1, math.ceil(q * len(xs)) - 1))]
 
 
 def run_backpressure(name: str, records: int, cost: float, tmp: str) -> dict[str, Any]:
