@@ -47,7 +47,9 @@ routes each output record to a port (the cycle's step task sends a record round 
 or out to the sink), where the real engine broadcasts its chain's output to every edge; a
 snapshot file is written and acknowledged at once (the real writer thread only delays the
 ack, which the control queue's delay models); record batches are processed one frame at a
-time (task.py gathers frames, which it keeps on the same side of every barrier); unbounded
+time (task.py gathers frames, which it keeps on the same side of every barrier), and
+logged as they are processed (task.py reads an input ahead while a log waits on it, which
+logs the same frames sooner: tests/abs_engine/runtime/test_channel_state.py covers it); unbounded
 channels (task.py always reads back-edges, so bounded ones cannot deadlock); no
 stop-the-world mode, no generation fencing (stale messages die with the crash), no
 corrupt files. Storage (``--storage``): ``memory`` (default) is a CheckpointStorage
@@ -388,13 +390,12 @@ class SimTask:
             cid, unaligned = codec.parse_barrier(payload)
             if back and self.loop_ended:
                 return
-            if back or cid <= self.last_snapshot:
-                if not (unaligned and cid > self.last_snapshot):
-                    for s in self.backlog.on_barrier(ch, cid).completed:
-                        self.write(s)
-                    return
-            if unaligned:
+            if unaligned and cid > self.last_snapshot:
                 self.trigger_unaligned(cid, {ch})
+                return
+            if back or cid <= self.last_snapshot:
+                for s in self.backlog.on_barrier(ch, cid).completed:
+                    self.write(s)
                 return
             d = self.aligner.on_barrier(ch, cid)
             if d.outcome is Outcome.ABORTED_AND_BLOCKED:

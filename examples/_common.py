@@ -18,7 +18,8 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
                     help="aligned (ABS), unaligned (Chandy-Lamport: in-flight records persisted), "
                          "stop-the-world, or none")
     ap.add_argument("--aligned-timeout", type=float, metavar="S",
-                    help="with --mode aligned: a checkpoint whose alignment takes longer turns unaligned")
+                    help="with --mode aligned: a checkpoint still pending S seconds after its trigger turns "
+                         "unaligned")
     ap.add_argument("--executor", choices=list(EXECUTORS), default="local",
                     help="who runs the workers: local processes (default) or a Spark barrier stage")
     ap.add_argument("--spark-master", help="Spark master URL for --executor spark and Spark sources "

@@ -103,17 +103,6 @@ class InputChannel:
         #: waits for yet, or end of stream).
         self.ahead_stopped = False
 
-    def fill(self) -> None:
-        """Read what the socket has (call when it is readable)."""
-        data = self.wire.recv(RECV_SIZE)
-        if data is None:
-            return  # part of a TLS record: the rest is on its way
-        if not data:
-            raise ChannelClosed(
-                f"input channel {self.id} closed before end of stream (its producer died)", self.id.split("->")[0]
-            )
-        self.reader.feed(data)
-
     def fill_nowait(self, limit: int = 8 * RECV_SIZE) -> None:
         """Read what the socket has, up to about ``limit`` bytes, without blocking."""
         chunks, closed = self.wire.read_nowait(RECV_SIZE, limit)

@@ -541,15 +541,14 @@ class Task:
             cid, unaligned = codec.parse_barrier(payload)
             if ch.back_edge and self.loop_ended:
                 return
+            if unaligned and cid > self.last_snapshot:  # the first barrier of an unaligned checkpoint
+                self._trigger_unaligned(cid, {ch.id})
+                return
             if ch.back_edge or cid <= self.last_snapshot:
                 # A back-edge's barrier (held if it came first), or the barrier of a checkpoint
                 # this task has taken already (unaligned, or directly): it closes a log.
-                if not (unaligned and cid > self.last_snapshot):
-                    for s in self.backlog.on_barrier(ch.id, cid).completed:
-                        self._write(s)
-                    return
-            if unaligned:
-                self._trigger_unaligned(cid, {ch.id})
+                for s in self.backlog.on_barrier(ch.id, cid).completed:
+                    self._write(s)
                 return
             d = self.aligner.on_barrier(ch.id, cid)
             if d.outcome is Outcome.ABORTED_AND_BLOCKED:

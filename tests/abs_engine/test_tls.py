@@ -4,8 +4,10 @@ not readable by whoever relays them."""
 
 from __future__ import annotations
 
+
 import io
 import os
+import select
 import socket
 import ssl
 import sys
@@ -47,7 +49,8 @@ def _accept(listener: socket.socket, secret: bytes, material: tls.Material | Non
 
 def _first_frame(ch: InputChannel) -> tuple[int, bytes]:
     while (f := ch.next_frame()) is None:
-        ch.fill()
+        select.select([ch.sock], [], [], 10)
+        ch.fill_nowait()
     return f[0], f[1]
 
 
