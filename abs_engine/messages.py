@@ -47,6 +47,8 @@ class Deploy(Message):
     #: Seconds an aligned checkpoint may align before it turns unaligned (< 0: never).
     aligned_timeout: float = -1.0
     unaligned: bool = False  #: the job's checkpoints are unaligned (mode="unaligned")
+    #: Bytes of channel state one checkpoint may hold in memory before it spills (< 0: never).
+    channel_state_memory: int = -1
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from abs_engine import AbsEngineError, Dataflow, JobResult
+from abs_engine.checkpoint import spill
 from abs_engine.executors.config import EXECUTORS, MODES
 
 
@@ -20,6 +21,9 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
     ap.add_argument("--aligned-timeout", type=float, metavar="S",
                     help="with --mode aligned: a checkpoint still pending S seconds after its trigger turns "
                          "unaligned")
+    ap.add_argument("--channel-state-memory", type=int, metavar="BYTES", default=spill.DEFAULT_MEMORY,
+                    help="bytes of in-flight records one checkpoint may hold in a task's memory before they spill "
+                         "to files in the checkpoint (default %(default)s)")
     ap.add_argument("--executor", choices=list(EXECUTORS), default="local",
                     help="who runs the workers: local processes (default) or a Spark barrier stage")
     ap.add_argument("--spark-master", help="Spark master URL for --executor spark and Spark sources "
@@ -37,11 +41,12 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
 
 def executor_options(args: argparse.Namespace) -> dict[str, Any]:
     """flow.run() options for --executor / --spark-master / --tls / --restore-from / --incremental /
-    --allow-non-restored-state / --aligned-timeout."""
+    --allow-non-restored-state / --aligned-timeout / --channel-state-memory."""
     opts: dict[str, Any] = {"executor": args.executor, "tls": args.tls, "restore_from": args.restore_from,
                             "incremental_checkpoints": args.incremental,
                             "allow_non_restored_state": args.allow_non_restored_state,
-                            "aligned_timeout": args.aligned_timeout}
+                            "aligned_timeout": args.aligned_timeout,
+                            "channel_state_memory": args.channel_state_memory}
     if args.spark_master:
         import atexit
 

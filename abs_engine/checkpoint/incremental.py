@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..errors import CheckpointError, CheckpointErrorReason
+from . import spill
 
 if TYPE_CHECKING:
     from .storage import TaskSnapshotData
@@ -159,9 +160,11 @@ def load_chain(read: Callable[[int, str, int, str], tuple[bytes, str]], checkpoi
                                   f"{ref.checkpoint_id} (incremental): {e}", checkpoint_id) from e
     blobs.append((checkpoint_id, *read(checkpoint_id, *own)))
     snaps = [(cid, decode_snapshot(blob, shown, checkpoint_id)) for cid, blob, shown in blobs]
-    if len(snaps) == 1 and not snaps[0][1].deltas:
-        return snaps[0][1]
-    return resolve(snaps, blobs[-1][2], checkpoint_id)
+    # Logs are the own file's only (with its spill files); the chain's files add state.
+    own_snap = spill.attach(snaps[-1][1], read, checkpoint_id)
+    if len(snaps) == 1 and not own_snap.deltas:
+        return own_snap
+    return resolve(snaps[:-1] + [(checkpoint_id, own_snap)], blobs[-1][2], checkpoint_id)
 
 
 def referenced(metas: Iterable[Any]) -> dict[int, set[str]]:

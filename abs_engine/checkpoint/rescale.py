@@ -9,10 +9,14 @@ metadata's layout) is *rescaled*. Invariants of a rescale:
   unchanged restores its own subtask's state; one whose parallelism changed gets, in every
   new subtask, the states of all its old subtasks, which ``rescale_state`` splits (keyed
   state by key group, source splits dealt out).
-- Records logged on back-edges (in flight round a loop at the cut) are replayed by the
-  new subtasks of the operator they were logged for; when its parallelism changed they are
-  pooled and each goes to the subtask that now owns its key group (hash back-edges) or, on
-  other back-edges, to subtask ``position % parallelism``.
+- Channel state (records in flight at the cut: logged on back-edges, and on every input
+  of an unaligned snapshot) is replayed into the operator it was logged for, by the new
+  subtasks of that operator, before any new input, at that operator's place in the new
+  chain (which may fuse it behind others now). When the operator's parallelism is
+  unchanged, subtask i replays what old subtask i logged; when it changed, the old logs are
+  pooled and each record goes, channel by channel, to the subtask that now owns its key
+  group (a hash edge: the operator's state for that key is there too) or, on forward and
+  rebalance edges (no key to honour), to subtask ``position % parallelism``.
 - Nothing is rescaled from a checkpoint of another key-group count, with state of an
   operator the job no longer has, or from a job's final checkpoint: RescaleError, naming
   the operator and the fix.
@@ -55,13 +59,8 @@ def restore_specs(plan: Plan, meta: Metadata, root: str, max_parallelism: int,
             else:
                 operators[op] = list(olds)
                 changed.append(op)
-        # Back-edge logs are kept by the task whose chain head received them: only old tasks
-        # headed by this chain's head hold logs for it (a back-edge target is a head in any plan).
-        head = chain.operators[0]
-        head_olds = old_ops.get(head, [])
-        logs_from = [head_olds[task.index]] if len(head_olds) == task.parallelism else list(head_olds)
-        logs_from = [t for t in logs_from if t.rsplit("#", 1)[0] == head]
-        needed = sorted({t for ids in operators.values() for t in ids} | set(logs_from))
+        inflight = _inflight(plan, task.index, task.parallelism, chain.operators, old_ops)
+        needed = sorted({t for ids in operators.values() for t in ids} | {t for f in inflight for t in f["from"]})
         specs[task.id] = {
             "checkpoint_id": meta.checkpoint_id, "root": root,
             "rescale": {
@@ -69,12 +68,29 @@ def restore_specs(plan: Plan, meta: Metadata, root: str, max_parallelism: int,
                 "chains": {t: _chain(meta, t) for t in needed if t in meta.chains},
                 "operators": operators,
                 "changed": changed,
-                "logs_from": logs_from,
-                "route_logs": bool(head_olds) and len(head_olds) != task.parallelism,
+                "inflight": inflight,
                 "max_parallelism": max_parallelism,
             },
         }
     return specs
+
+
+def _inflight(plan: Plan, index: int, parallelism: int, chain: tuple[str, ...],
+              old_ops: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """Where a new subtask's channel state comes from: per operator of its chain that headed
+    old tasks (channel state is kept by the task whose head received it), the old tasks to
+    read, whether their records must be re-routed (the operator's parallelism changed), and
+    the old producer tasks whose channels into it are hash edges (routed by key group)."""
+    out = []
+    for op in chain:
+        olds = [t for t in old_ops.get(op, []) if t.rsplit("#", 1)[0] == op]
+        if not olds:
+            continue  # it headed no old task: nothing was in flight into it at the cut
+        same = len(olds) == parallelism
+        hashed = sorted({t for e in plan.edges if e.dst == op and e.partition == "hash"
+                         for t in old_ops.get(e.src, [])})
+        out.append({"op": op, "from": [olds[index]] if same else olds, "route": not same, "hash_from": hashed})
+    return out
 
 
 def _chain(meta: Metadata, task: str) -> list[list[Any]]:
@@ -110,13 +126,6 @@ def _check(plan: Plan, meta: Metadata, old_ops: dict[str, list[str]], max_parall
         raise RescaleError(_R.MAX_PARALLELISM,
                            f"checkpoint {meta.checkpoint_id} spreads its keys over {old_max} key groups and this job "
                            f"over {max_parallelism}: keep max_parallelism={old_max} for the life of the job")
-    if meta.channel_state:
-        tasks = sorted(meta.channel_state)
-        raise RescaleError(_R.IN_FLIGHT,
-                           f"checkpoint {meta.checkpoint_id} is unaligned and holds records in flight on regular "
-                           f"channels (into {', '.join(tasks[:3])}{', ...' if len(tasks) > 3 else ''}); they cannot "
-                           "be re-routed to another parallelism: resume at the parallelism it ran with, or from an "
-                           "aligned checkpoint or a savepoint (savepoints are always aligned)", tasks[0].rsplit("#", 1)[0])
     if meta.final:
         raise RescaleError(_R.FINISHED,
                            f"checkpoint {meta.checkpoint_id} is the final checkpoint of a job that finished: there is "

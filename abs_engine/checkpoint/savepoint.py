@@ -5,7 +5,8 @@ A savepoint is a directory ``<savepoint dir>/savepoint-<job>-<checkpoint id>-<UT
 laid out as a checkpoint directory holding one checkpoint (``chk-N/<task>...state`` and
 ``chk-N/_metadata``), so it is read with every check storage.py makes. Invariants:
 - Self-contained: every state file is copied, not referenced (with an incremental
-  checkpoint, every file of its chains too, into ``chk-M`` directories without metadata); each is read back from the
+  checkpoint, every file of its chains too, into ``chk-M`` directories without metadata,
+  and every spill file of its channel state: checkpoint/spill.py); each is read back from the
   checkpoint with its size and sha256 verified before it is written, and the metadata
   (carrying the same sizes and sha256s) is written last, so a savepoint without
   ``_metadata`` (a crash mid-copy) does not exist.
@@ -22,7 +23,7 @@ import time
 from .. import fs
 from ..errors import CheckpointError, CheckpointErrorReason
 from .remote import open_storage, write_task_state
-from .storage import CheckpointStorage, Metadata
+from .storage import CheckpointStorage, Metadata, decode_snapshot
 
 PREFIX = "savepoint-"
 
@@ -46,6 +47,9 @@ def write_savepoint(source: CheckpointStorage, meta: Metadata, directory: str) -
     blobs = source._read_blobs(meta.checkpoint_id, meta, list(meta.tasks))  # verified: size and sha256
     for task, entry in meta.tasks.items():
         write_task_state(target, meta.checkpoint_id, entry.file, blobs[task][0])
+        for f, size, sha in decode_snapshot(blobs[task][0], blobs[task][1], meta.checkpoint_id).spilled:
+            blob, _ = source._read_file(meta.checkpoint_id, f, size, sha)  # its logs' spill files
+            write_task_state(target, meta.checkpoint_id, f, blob)
         for ref in meta.chains.get(task, []):  # incremental: the files it builds on come along
             blob, _ = source._read_file(ref.checkpoint_id, ref.file, ref.size, ref.sha256)
             write_task_state(target, ref.checkpoint_id, ref.file, blob)

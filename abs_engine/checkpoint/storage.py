@@ -37,6 +37,7 @@ from typing import Any
 
 from .. import codec
 from ..errors import CheckpointError, CheckpointErrorReason
+from . import spill
 from .incremental import ChainRef, load_chain, merge, referenced
 
 METADATA = "_metadata"
@@ -519,6 +520,9 @@ class TaskSnapshotData:
     #: stored as deltas (checkpoint/incremental.py); None and empty for a full file.
     base: int | None = None
     deltas: frozenset[str] = frozenset()
+    #: Spill files (checkpoint/spill.py) holding the older part of ``logs``, not read yet:
+    #: empty once resolved (every reader here resolves them).
+    spilled: tuple[tuple[str, int, str], ...] = ()
 
 
 def decode_snapshot(blob: bytes, path: str, checkpoint_id: int | None = None) -> TaskSnapshotData:
@@ -541,7 +545,7 @@ def decode_snapshot(blob: bytes, path: str, checkpoint_id: int | None = None) ->
         if deltas and (not isinstance(base, int) or isinstance(base, bool) or base < 0):
             raise ValueError(f"a delta file's base {base!r} is not a checkpoint id")
         return TaskSnapshotData(states, logs, bool(doc.get("finished", False)), base if deltas else None,
-                                frozenset(deltas))
+                                frozenset(deltas), spill.parse_refs(doc.get("spilled")))
     except Exception as e:
         raise CheckpointError(_R.CORRUPT_STATE,
                               f"state file {path} passes its checksum but cannot be decoded ({e}): it was "
@@ -849,7 +853,8 @@ class CheckpointStorage:
         tasks = list(meta.tasks) if tasks is None else tasks
         plain = [t for t in tasks if t not in meta.chains]
         blobs = self._read_blobs(checkpoint_id, meta, plain)
-        out = {task: decode_snapshot(blob, f"{shown} (task {task})", checkpoint_id)
+        out = {task: spill.attach(decode_snapshot(blob, f"{shown} (task {task})", checkpoint_id), self._read_file,
+                                  checkpoint_id)
                for task, (blob, shown) in blobs.items()}
         for t in tasks:
             if t in meta.chains:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..checkpoint import spill
+
 MODES = ("aligned", "unaligned", "none", "stop-the-world")
 EXECUTORS = ("local", "spark")
 
@@ -113,6 +115,11 @@ class JobConfig:
         turns unaligned (Flink's aligned-checkpoint-timeout): the coordinator triggers every
         task that has not snapshotted it, unaligned; a task whose own alignment lasts this
         long switches too. None (default): never.
+    ``channel_state_memory``
+        bytes of channel state (records in flight logged for one checkpoint: back-edges
+        round a loop, every input when unaligned) a task holds in memory; past that it spills
+        them to files beside its state file in the checkpoint (checkpoint/spill.py) and
+        frees them. Default 32 MiB; None: never spill.
     ``stop_with_savepoint_on_signal``
         while run() runs in the main thread, SIGTERM or Ctrl-C
         takes a savepoint, commits the sinks and returns (``JobResult.savepoint``,
@@ -146,6 +153,7 @@ class JobConfig:
     savepoint_dir: str | None = None
     stop_with_savepoint_on_signal: bool = True
     aligned_timeout: float | None = None
+    channel_state_memory: int | None = spill.DEFAULT_MEMORY
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -162,6 +170,11 @@ class JobConfig:
                                  "aligned checkpoint unaligned when its alignment takes longer")
             if not self.aligned_timeout >= 0:
                 raise ValueError(f"aligned_timeout must be >= 0 seconds, got {self.aligned_timeout!r}")
+        if self.channel_state_memory is not None and (
+                isinstance(self.channel_state_memory, bool) or not isinstance(self.channel_state_memory, int)
+                or self.channel_state_memory < 0):
+            raise ValueError(f"channel_state_memory must be a number of bytes >= 0 or None, got "
+                             f"{self.channel_state_memory!r}")
         if self.mode == "unaligned" and self.max_concurrent_checkpoints != 1:
             raise ValueError("mode='unaligned' takes one checkpoint at a time (max_concurrent_checkpoints=1), as "
                              "Flink does: each one persists the data in flight")

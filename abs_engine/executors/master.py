@@ -367,7 +367,8 @@ class JobMaster:
                     fence_dir=self.control_dir, snapshot_encoding=cfg.snapshot_encoding,
                     incremental=cfg.incremental_checkpoints and cfg.mode != "none",
                     aligned_timeout=cfg.aligned_timeout if cfg.aligned_timeout is not None else -1.0,
-                    unaligned=cfg.mode == "unaligned"))
+                    unaligned=cfg.mode == "unaligned",
+                    channel_state_memory=-1 if cfg.channel_state_memory is None else cfg.channel_state_memory))
             self._drive(workers, storage, meta, next_id)
         finally:
             self.launcher.stop({t: w.proc for t, w in workers.items()}, timeout=10.0)

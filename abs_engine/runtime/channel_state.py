@@ -55,6 +55,11 @@ class Session:
     #: Records logged on regular inputs (unaligned): in flight on edges a rescale cannot
     #: re-route yet (checkpoint/rescale.py refuses such a checkpoint at another parallelism).
     regular_logged: int = 0
+    memory: int = 0  #: bytes of ``logs`` (what is held in memory, not spilled)
+    #: Spill files written for it, in order (appended by the writer thread): the older part
+    #: of its logs (checkpoint/spill.py); ``spills`` counts those handed to the writer.
+    spilled: list[tuple[str, int, str]] = field(default_factory=list)
+    spills: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,11 @@ class Step:
 
 
 class ChannelStateLog:
-    def __init__(self, back_edges: Iterable[str], regular: Iterable[str] = ()):
+    def __init__(self, back_edges: Iterable[str], regular: Iterable[str] = (), memory_limit: int | None = None):
+        #: A session holding more bytes of logs than this is due to spill (None: never):
+        #: the task asks ``due_to_spill`` and hands what ``take`` returns to its writer.
+        self.memory_limit = memory_limit
+        self.due: list[Session] = []
         self.back: set[str] = set(back_edges)  #: live back-edge inputs
         self.back_edges = frozenset(self.back)  #: every back-edge input, live or ended
         self.regular: set[str] = set(regular)  #: live regular inputs
@@ -127,8 +136,25 @@ class ChannelStateLog:
         s.logs[channel].append(payload)
         s.logged += count
         s.logged_bytes += len(payload)
+        s.memory += len(payload)
         if channel not in self.back_edges:
             s.regular_logged += count
+        if self.memory_limit is not None and s.memory > self.memory_limit and s not in self.due:
+            self.due.append(s)
+
+    def due_to_spill(self) -> list[Session]:
+        """Sessions past the memory limit that are still logging (emptied by the call)."""
+        due, self.due = [s for s in self.due if self.sessions.get(s.checkpoint_id) is s], []
+        return due
+
+    def take(self, s: Session) -> dict[str, list[bytes]]:
+        """What ``s`` has logged so far, moved out of it (to be spilled): its logs start
+        again empty, so the spilled part precedes whatever it logs next."""
+        logs = {ch: frames for ch, frames in s.logs.items() if frames}
+        s.logs = {ch: [] for ch in s.logs}
+        s.memory = 0
+        s.spills += 1
+        return logs
 
     def on_barrier(self, channel: str, checkpoint_id: int) -> Step:
         if channel not in self.back and channel not in self.regular:

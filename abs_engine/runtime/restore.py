@@ -59,10 +59,23 @@ def load(restore: dict[str, Any], plan: Plan, spec: TaskSpec, operators: dict[st
                                "their input and emitted their final output: resume from an earlier checkpoint, or "
                                "at the parallelism it ran with", name)
         states[name] = op.rescale_state(old_states, spec.index, spec.parallelism, owns)
-    pooled = [rec for t in r["logs_from"] for ch in sorted(snaps[t].logs) for rec in snaps[t].logs[ch]]
-    if r["route_logs"] and pooled:
-        pooled = _mine(pooled, plan, spec, key_fns, owns, cid)
-    return TaskSnapshotData(states, {"rescaled": pooled} if pooled else {}, finished)
+    logs: dict[str, list[Any]] = {}
+    for f in r["inflight"]:
+        records = _routed(f, snaps, spec, key_fns, owns) if f["route"] else [
+            rec for t in f["from"] for ch in sorted(snaps[t].logs) for rec in snaps[t].logs[ch]]
+        if records:
+            logs[f["op"]] = records
+    return TaskSnapshotData(states, logs, finished)
+
+
+def replay(snap: TaskSnapshotData, chain: list[str], rescaled: bool) -> list[tuple[int, list[Any]]]:
+    """The records a restored task processes before any input, each batch with the index in
+    ``chain`` (its operators, sources excluded) of the operator it goes into: the chain's
+    head for a restore of the same plan (logs by channel), the operator named for a
+    rescale (logs by operator: it may be fused behind others now)."""
+    if not rescaled:
+        return [(0, [rec for records in snap.logs.values() for rec in records])] if snap.logs else []
+    return [(chain.index(op), records) for op, records in snap.logs.items()]
 
 
 def _refs(raw: Any) -> list[ChainRef]:
@@ -70,25 +83,18 @@ def _refs(raw: Any) -> list[ChainRef]:
     return [ChainRef(int(c), str(f), int(n), str(sha)) for c, f, n, sha in raw or []]
 
 
-def _mine(records: list[Any], plan: Plan, spec: TaskSpec, key_fns: dict[str, Callable[[Any], Any]],
-          owns: Callable[[Any], bool], cid: int) -> list[Any]:
-    """The logged records this subtask replays: those whose key group it owns (hash
-    back-edges), or every ``parallelism``-th (other back-edges: any subtask may take them)."""
-    head = plan.chain(spec.chain).operators[0]
-    back = {i for i, e in enumerate(plan.edges) if e.back_edge and e.dst == head}
-    kinds = {plan.edges[i].partition == "hash" for i in back}
-    if kinds == {False}:
-        return records[spec.index :: spec.parallelism]
-    if kinds != {True}:
-        raise RescaleError(RescaleErrorReason.IN_FLIGHT,
-                           f"checkpoint {cid}: records in flight round a loop into {head!r} arrived on back-edges "
-                           "of which some are keyed and some not, so they cannot be re-routed; resume at the old "
-                           "parallelism, or from a checkpoint taken when the loop was empty", head)
-    key_ops = {o.key_operator for t in plan.tasks for o in t.outputs if o.edge in back}
-    fns = {key_fns.get(k) for k in key_ops}
-    if len(fns) != 1:
-        raise RescaleError(RescaleErrorReason.IN_FLIGHT,
-                           f"checkpoint {cid}: records in flight into {head!r} were keyed by several functions; "
-                           "they cannot be re-routed: resume at the old parallelism", head)
-    fn = fns.pop()
-    return [rec for rec in records if owns(fn(rec) if fn is not None else rec)]
+def _routed(f: dict[str, Any], snaps: dict[str, TaskSnapshotData], spec: TaskSpec,
+            key_fns: dict[str, Callable[[Any], Any]], owns: Callable[[Any], bool]) -> list[Any]:
+    """This subtask's share of the records the old subtasks of operator ``f["op"]`` logged:
+    on channels from a hash edge (their producer task in ``hash_from``), those whose key
+    group it owns, by the operator's key function; on the others, every
+    ``parallelism``-th of them (forward and rebalance edges honour no key)."""
+    hashed: list[Any] = []
+    dealt: list[Any] = []
+    hash_from = set(f["hash_from"])
+    for t in f["from"]:
+        for ch in sorted(snaps[t].logs):
+            (hashed if ch.split("->", 1)[0] in hash_from else dealt).extend(snaps[t].logs[ch])
+    fn = key_fns.get(f["op"])
+    mine = [rec for rec in hashed if owns(fn(rec) if fn is not None else rec)]
+    return mine + dealt[spec.index :: spec.parallelism]

@@ -31,6 +31,7 @@ from typing import Any
 from operators.base import Operator, RecordError, Source
 
 from .. import codec, messages
+from ..checkpoint import spill
 from ..errors import FencedOut
 from ..plan import TaskSpec
 from . import snapshot_encoding
@@ -91,7 +92,7 @@ class Task:
         control: ControlLink,
         writer: SnapshotWriter,
         checkpoint_dir: str,
-        replay: list[Any] | None = None,
+        replay: list[tuple[int, list[Any]]] | None = None,
         restored_finished: bool = False,
         activity: Activity | None = None,
         file_tag: str = "",
@@ -99,6 +100,7 @@ class Task:
         incremental: bool = False,
         aligned_timeout: float | None = None,
         unaligned: bool = False,
+        channel_state_memory: int | None = None,
     ):
         self.spec = spec
         self.op_names = op_names
@@ -118,7 +120,8 @@ class Task:
         self.restored_finished = restored_finished
         self.aligner = BarrierAligner(c.id for c in inputs.values() if not c.back_edge)
         self.back = [c for c in inputs.values() if c.back_edge]
-        self.backlog = ChannelStateLog((c.id for c in self.back), (c.id for c in inputs.values() if not c.back_edge))
+        self.backlog = ChannelStateLog((c.id for c in self.back), (c.id for c in inputs.values() if not c.back_edge),
+                                       channel_state_memory)
         #: Seconds an aligned checkpoint may spend aligning before it turns unaligned (None: never).
         self.aligned_timeout = aligned_timeout
         #: Unaligned checkpoints can happen: look at the control connection between frames.
@@ -291,6 +294,8 @@ class Task:
                 for kind, data in ch.ahead:
                     if kind == codec.FrameKind.RECORDS:
                         self.backlog.log_into(checkpoint_id, cid, data)
+                if self.backlog.due:
+                    self._spill()
                 if ch.ahead and ch.ahead[-1][0] == codec.FrameKind.END:  # its end was read ahead
                     for s in self.backlog.end_ahead(cid).completed:
                         self._write(s)
@@ -325,6 +330,8 @@ class Task:
             ch.ahead.append((kind, data))
             if kind == codec.FrameKind.RECORDS:
                 log.on_records(ch.id, data)
+                if log.due:
+                    self._spill()
             elif kind == codec.FrameKind.BARRIER:
                 cid, _ = codec.parse_barrier(data)
                 if cid > upto or (ch.back_edge and self.loop_ended):
@@ -370,17 +377,28 @@ class Task:
                 and time.perf_counter() - self.blocked_since >= self.aligned_timeout):
             self._trigger_unaligned(st.checkpoint_id, set())
 
+    def _state_file(self) -> str:
+        return f"{self.spec.id}.{self.file_tag}.state" if self.file_tag else f"{self.spec.id}.state"
+
+    def _spill(self) -> None:
+        """Sessions past ``channel_state_memory``: what they logged goes to spill files
+        (written by the writer thread, in order, before their state files)."""
+        for s in self.backlog.due_to_spill():
+            logs = self.backlog.take(s)
+            self.writer.spill(s.checkpoint_id, spill.file_name(self._state_file(), s.spills - 1),
+                              lambda logs=logs: spill.encode(logs), s.spilled)  # type: ignore[misc]
+
     def _write(self, s: Session) -> None:
         encoding, alignment_ms, finished, sync_ms, base, deltas, known = s.payload
         logs = {ch: codec.join_arrays(frames) if frames else codec.pack([]) for ch, frames in s.logs.items()}
-        task, cid = self.spec.id, s.checkpoint_id
+        task, cid, spilled = self.spec.id, s.checkpoint_id, s.spilled
 
-        def blob() -> bytes:  # on the writer thread: waits for a forked encoder
-            return snapshot_encoding.snapshot_file(task, cid, encoding.result(), logs, finished, base, deltas)
+        def blob() -> bytes:  # on the writer thread, after the session's spills: waits for a forked encoder
+            return snapshot_encoding.snapshot_file(task, cid, encoding.result(), logs, finished, base, deltas,
+                                                   spilled)
 
-        name = f"{self.spec.id}.{self.file_tag}.state" if self.file_tag else f"{self.spec.id}.state"
-        self.writer.submit(s.checkpoint_id, name, blob, alignment_ms, s.logged, finished, sync_ms, base, known,
-                           s.unaligned, s.logged_bytes, s.regular_logged)
+        self.writer.submit(s.checkpoint_id, self._state_file(), blob, alignment_ms, s.logged, finished, sync_ms,
+                           base, known, s.unaligned, s.logged_bytes, s.regular_logged)
 
     def _release(self, channels: tuple[str, ...]) -> None:
         for cid in channels:
@@ -459,11 +477,13 @@ class Task:
     def run(self) -> None:
         if self.restored_finished:
             self._end_outputs()
-        if self.replay:
-            # Records that were in flight round a loop at the restored checkpoint come first.
-            batch, self.replay = self.replay, []
-            self.records_in += len(batch)
-            self._emit(self._process(batch, 0))
+        # Channel state first (records in flight at the restored checkpoint: round a loop,
+        # or on any input if it was unaligned), each batch into the operator it was logged for.
+        replay, self.replay = self.replay, []
+        for start, batch in replay:
+            if batch:
+                self.records_in += len(batch)
+                self._emit(self._process(batch, start))
         if self.source is not None:
             self._run_source()
         else:
@@ -530,6 +550,8 @@ class Task:
             if not ahead:
                 # Logged now: if a snapshot was taken, these are processed after it.
                 self.backlog.on_records(ch.id, payload)
+                if self.backlog.due:
+                    self._spill()
             batch = codec.unpack(payload)
             ch.records += len(batch)
             self.gathered.extend(batch)

@@ -85,13 +85,12 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
         for n, op in zip(names, ops):
             current = n
             op.open(ctx(n))
-        replay: list[Any] = []
+        replay: list[tuple[int, list[Any]]] = []
         restored_finished = False
         if deploy.restore is not None:
             snap = restore.load(deploy.restore, plan, spec, dict(head + list(zip(names, ops))), key_fns)
             states, restored_finished = snap.states, snap.finished
-            for records in snap.logs.values():
-                replay += records
+            replay = restore.replay(snap, names, "rescale" in deploy.restore)
             for n, op in head + list(zip(names, ops)):
                 current = n
                 if n in states:
@@ -148,7 +147,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     task = Task(spec, names, ops, source, source_name, outputs, inputs, control, writer, deploy.checkpoint_dir,
                 replay, restored_finished, activity, _file_tag(deploy.fence, generation), deploy.snapshot_encoding,
                 deploy.incremental, deploy.aligned_timeout if deploy.aligned_timeout >= 0 else None,
-                deploy.unaligned)
+                deploy.unaligned, deploy.channel_state_memory if deploy.channel_state_memory >= 0 else None)
     control.send(messages.Running(task_id))
     task.run()
     writer.flush()

@@ -30,7 +30,7 @@ class SnapshotWriter:
         self.task = task
         self.root = root  #: the checkpoint location: a local directory or a remote URI
         self.on_error = on_error
-        self.jobs: queue.Queue[_Job | None] = queue.Queue()
+        self.jobs: queue.Queue[_Job | _Spill | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="snapshot-writer", daemon=True)
         self.thread.start()
 
@@ -42,6 +42,13 @@ class SnapshotWriter:
         task thread spent (``sync_ms``) and the time from here to the acknowledgement."""
         self.jobs.put(_Job(checkpoint_id, name, blob, alignment_ms, logged, finished, sync_ms, time.perf_counter(),
                            base, known, unaligned, inflight_bytes, channel_state))
+
+    def spill(self, checkpoint_id: int, name: str, blob: Callable[[], bytes], refs: list[tuple[str, int, str]]) -> None:
+        """Write ``blob()`` as spill file ``name`` of checkpoint ``checkpoint_id`` and append
+        (name, size, sha256) to ``refs``, on this thread, before any later submission: the
+        state file that lists ``refs`` is built after every spill before it
+        (checkpoint/spill.py). Nothing is acknowledged."""
+        self.jobs.put(_Spill(checkpoint_id, name, blob, refs))
 
     def flush(self) -> None:
         """Wait until every submitted snapshot is written and acknowledged."""
@@ -58,6 +65,11 @@ class SnapshotWriter:
             try:
                 if job is None:
                     return
+                if isinstance(job, _Spill):
+                    blob = job.blob()
+                    write_task_state(self.root, job.checkpoint_id, job.name, blob)
+                    job.refs.append((job.name, len(blob), hashlib.sha256(blob).hexdigest()))
+                    continue
                 blob = job.blob() if callable(job.blob) else job.blob
                 write_task_state(self.root, job.checkpoint_id, job.name, blob)
                 digest = hashlib.sha256(blob).hexdigest()
@@ -88,3 +100,11 @@ class _Job:
     unaligned: bool = False
     inflight_bytes: int = 0
     channel_state: int = 0
+
+
+@dataclass(frozen=True)
+class _Spill:
+    checkpoint_id: int
+    name: str
+    blob: Callable[[], bytes]
+    refs: list[tuple[str, int, str]]  #: the session's spill files, appended to once written

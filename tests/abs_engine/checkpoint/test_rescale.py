@@ -48,12 +48,16 @@ def test_a_rescale_gives_each_new_subtask_every_old_subtask_of_a_changed_operato
     old_counts = old.layout()["operators"]["count"]
     for t in new.tasks:
         r = specs[t.id]["rescale"]
+        inflight = {f["op"]: f for f in r["inflight"]}
         if "count" in r["operators"]:
             assert r["operators"]["count"] == old_counts and "count" in r["changed"]
-            assert r["route_logs"] and r["logs_from"] == old_counts
+            # count's channel state is re-routed; its channels from split are a hash edge
+            assert inflight["count"]["route"] and inflight["count"]["from"] == old_counts
+            assert inflight["count"]["hash_from"] == old.layout()["operators"]["split"]
         if "sink" in r["operators"]:  # parallelism 1 before and after: its own state, untouched
             assert r["operators"]["sink"] == old.layout()["operators"]["sink"] and "sink" not in r["changed"]
-        assert set(r["files"]) == {x for ids in r["operators"].values() for x in ids} | set(r["logs_from"])
+        from_logs = {x for f in r["inflight"] for x in f["from"]}
+        assert set(r["files"]) == {x for ids in r["operators"].values() for x in ids} | from_logs
 
 
 def test_rescaling_from_a_final_checkpoint_is_refused():
@@ -84,9 +88,22 @@ def test_logs_come_only_from_old_tasks_headed_by_the_same_operator():
     specs = restore_specs(new, meta_of(old), "/ck", 128)
     sink_task = [t.id for t in new.tasks if t.chain == "sink"][0]
     r = specs[sink_task]["rescale"]
-    assert r["operators"]["sink"] == ["count#0"] and r["logs_from"] == []  # count#0's logs are count's
+    assert r["operators"]["sink"] == ["count#0"] and r["inflight"] == []  # count#0's logs are count's
     count_tasks = [t.id for t in new.tasks if t.chain == "count"]
-    assert all(specs[t]["rescale"]["logs_from"] == ["count#0"] for t in count_tasks)
+    assert all([f["op"] for f in specs[t]["rescale"]["inflight"]] == ["count"] for t in count_tasks)
+    assert all(specs[t]["rescale"]["inflight"][0]["from"] == ["count#0"] for t in count_tasks)
+
+
+def test_channel_state_into_an_operator_now_fused_behind_another_is_kept_for_it():
+    """At 2, sink (parallelism 1) heads its own task and holds what was in flight into it;
+    at 1, count and sink are one chain: that task replays sink's channel state into sink,
+    not into count (restore.replay starts at the operator's place in the chain)."""
+    old, new = plan(2), plan(1)
+    (task,) = [t for t in new.tasks if t.chain == "count"]
+    assert new.chain("count").operators == ("count", "sink")
+    inflight = restore_specs(new, meta_of(old), "/ck", 128)[task.id]["rescale"]["inflight"]
+    assert {f["op"]: f["from"] for f in inflight} == {"count": ["count#0", "count#1"], "sink": ["sink#0"]}
+    assert {f["op"]: f["route"] for f in inflight} == {"count": True, "sink": False}
 
 
 def test_a_changed_dataflow_is_refused_naming_the_removed_operator_and_the_flag():

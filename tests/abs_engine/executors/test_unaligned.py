@@ -1,17 +1,19 @@
 """Unaligned checkpoints (mode="unaligned") and the aligned timeout, end to end: real worker
 processes, real SIGKILLs after completed checkpoints, output compared with a batch oracle;
 the checkpoints persisted records in flight (else the runs would prove nothing about channel
-state), and a checkpoint with channel state refuses a rescale with a clear error."""
+state), and a checkpoint with channel state resumes exactly at another parallelism."""
 
 from __future__ import annotations
 
 import collections
+import os
+import shutil
 
 import pytest
 
 from abs_engine import Dataflow
+from abs_engine.checkpoint.savepoint import load_savepoint, write_savepoint
 from abs_engine.checkpoint.storage import CheckpointStorage
-from abs_engine.errors import RescaleError, RescaleErrorReason
 from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
 from examples import bank, collatz
 from tests.abs_engine.executors.test_rescaling import pipeline, pipeline_oracle
@@ -126,23 +128,64 @@ def test_the_aligned_timeout_turns_slow_alignments_unaligned_and_stays_exact(tmp
     assert any(c.unaligned_tasks > 0 for c in res.checkpoints), "no alignment ever timed out"
 
 
-def test_a_checkpoint_with_channel_state_refuses_a_rescale_naming_the_fix(tmp_path):
-    n, ck = 1_000_000, str(tmp_path / "ck")
-    sink = CapturingSink(tmp_path / "out")
-    first = pipeline(n, sink, 2).run(mode="unaligned", checkpoint_interval=0.02, checkpoint_dir=ck,
-                                     stop_when=lambda r: any(c.inflight_records for c in r.checkpoints))
-    assert first.cancelled
+def stop_with_channel_state(r) -> bool:  # type: ignore[no-untyped-def]
+    """stop_when: the newest completed checkpoint holds records in flight."""
+    return bool(r.checkpoints) and r.checkpoints[-1].mode == "unaligned" and r.checkpoints[-1].inflight_records > 0
+
+
+def newest_with_channel_state(ck: str) -> int:
+    """Make the newest checkpoint one that holds records in flight on regular channels: those
+    completed after it (between stop_when's look and the cancel) are deleted, as if the job
+    had stopped right after it."""
     storage = CheckpointStorage(ck)
-    newest = storage.load_metadata(storage.completed_ids()[-1])
-    if not newest.channel_state:  # a later checkpoint that happened to hold nothing in flight
-        pytest.skip("the newest checkpoint holds no channel state")
-    with pytest.raises(RescaleError) as info:
-        pipeline(n, sink, 3).run(mode="unaligned", checkpoint_dir=ck, resume=True)
-    assert info.value.reason is RescaleErrorReason.IN_FLIGHT
-    assert "resume at the parallelism it ran with" in str(info.value) and "savepoint" in str(info.value)
-    # At the same parallelism it resumes, and the output is exact.
-    pipeline(n, sink, 2).run(mode="unaligned", checkpoint_interval=0.05, checkpoint_dir=ck, resume=True)
+    ids = [c for c in storage.completed_ids() if storage.load_metadata(c).channel_state]
+    assert ids, "no checkpoint holds channel state: the run proves nothing"
+    for later in [c for c in storage.ids_on_disk() if c > ids[-1]]:
+        shutil.rmtree(storage.dir_of(later))
+    return ids[-1]
+
+
+@pytest.mark.parametrize("before,after", [(2, 3), (4, 1), (1, 4)])
+def test_a_checkpoint_with_channel_state_rescales_exactly(tmp_path, before, after):
+    """Stopped right after an unaligned checkpoint that holds records in flight, resumed at
+    another parallelism under SIGKILLs: every record emitted once. Records in flight into
+    the keyed counts were routed by key group to the subtask that now owns their count; at
+    parallelism 1 the sink is fused behind count2 and replays its own channel state there."""
+    n, ck = 600_000, str(tmp_path / "ck")
+    sink = CapturingSink(tmp_path / "out")
+    first = pipeline(n, sink, before).run(mode="unaligned", checkpoint_interval=0.02, checkpoint_dir=ck,
+                                          retained_checkpoints=10_000, stop_when=stop_with_channel_state)
+    assert first.cancelled
+    newest = newest_with_channel_state(ck)
+    chaos = KillOnCheckpoints([1, 2], seed=before * 10 + after)
+    res = pipeline(n, sink, after).run(mode="unaligned", checkpoint_interval=0.05, checkpoint_dir=ck, resume=True,
+                                       chaos=chaos, restart_delay=0, retained_checkpoints=10_000)
+    assert res.restored_from[0] == newest
     assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
+    assert_pipeline_cuts_consistent(ck, n)  # before and after the rescale
+
+
+@pytest.mark.parametrize("before,after", [(2, 3), (3, 1)])
+def test_bank_rescaled_from_an_unaligned_checkpoint_is_exact_and_conserved(tmp_path, before, after):
+    """The cycle rescaled from an unaligned checkpoint: credits in flight on the back-edge
+    and on the loop's regular channels re-routed to the subtask that now owns their account;
+    money conserved in every checkpoint before and after."""
+    accounts, transfers, seed = 50, 150_000, before * 10 + after
+    ck, out = str(tmp_path / "ck"), str(tmp_path / "out.tsv")
+    first = bank.build_flow(accounts, transfers, seed, out, before).run(
+        mode="unaligned", checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000,
+        stop_when=lambda r: len(r.checkpoints) >= 2 and stop_with_channel_state(r))
+    assert first.cancelled
+    newest = newest_with_channel_state(ck)
+    chaos = KillOnCheckpoints([1, 2], seed=seed)
+    res = bank.build_flow(accounts, transfers, seed, out, after).run(
+        mode="unaligned", checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000, resume=True,
+        chaos=chaos, restart_delay=0)
+    assert res.restored_from[0] == newest
+    storage = CheckpointStorage(ck)
+    assert bank.read_output(out) == bank.oracle(accounts, transfers, seed)
+    for cid in storage.completed_ids():
+        assert bank.conserved_total(storage, cid, accounts) == bank.INITIAL * accounts, cid
 
 
 def test_unaligned_with_incremental_checkpoints_is_exact_under_sigkills(tmp_path):
@@ -173,3 +216,36 @@ def test_a_spark_source_on_the_spark_executor_unaligned_is_exact_under_sigkills(
     assert_each_kill_restored(res, chaos, min_kills=1)
     assert counts_file(out) == batch_word_count_dir(text_dir)
     assert any(c.mode == "unaligned" for c in res.checkpoints)
+
+
+def spill_files(ck: str) -> int:
+    """Spill files (checkpoint/spill.py) in the checkpoints that completed."""
+    storage = CheckpointStorage(ck)
+    return sum(1 for cid in storage.completed_ids() for f in os.listdir(storage.dir_of(cid)) if ".spill" in f)
+
+
+@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+def test_channel_state_past_its_memory_limit_spills_and_stays_exact(tmp_path, mode):
+    """channel_state_memory=0: every frame a checkpoint logs goes to a spill file at once
+    (back-edges round the bank's loop; every input when unaligned). Money is conserved in
+    every completed checkpoint counting the spilled credits, and after SIGKILLs the
+    output is exact: the spill files were read back, in order, at each restore."""
+    accounts, transfers, seed, ck = 50, 150_000, 3, str(tmp_path / "ck")
+    out = str(tmp_path / "out.tsv")
+    chaos = KillOnCheckpoints([1, 2, 3], seed=31)
+    res = bank.build_flow(accounts, transfers, seed, out, 2).run(
+        mode=mode, checkpoint_interval=0.03, chaos=chaos, checkpoint_dir=ck, restart_delay=0,
+        retained_checkpoints=10_000, channel_state_memory=0)
+    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert bank.read_output(out) == bank.oracle(accounts, transfers, seed)
+    storage = CheckpointStorage(ck)
+    for cid in storage.completed_ids():
+        assert bank.conserved_total(storage, cid, accounts) == bank.INITIAL * accounts, cid
+    assert sum(c.inflight_records for c in res.checkpoints) > 0
+    assert spill_files(ck) > 0, "nothing spilled: the run proves nothing about spill files"
+    # A savepoint of a checkpoint that spilled is self-contained: its spill files come along.
+    spilled = [c for c in storage.completed_ids() if any(".spill" in f for f in os.listdir(storage.dir_of(c)))]
+    meta = storage.verify(spilled[-1])
+    sp_storage, sp_meta = load_savepoint(write_savepoint(storage, meta, str(tmp_path / "sp")), meta.fingerprint, "")
+    assert sp_meta.checkpoint_id == spilled[-1]
+    assert bank.conserved_total(sp_storage, spilled[-1], accounts) == bank.INITIAL * accounts

@@ -376,3 +376,29 @@ def test_an_end_read_ahead_closes_the_waiting_sessions_but_the_input_stays_live(
     assert logs_of(s) == {"r1": [], "r2": [7]}
     log.start(2, None, unaligned=True)
     assert log.sessions[2].waiting == {"r1", "r2"}
+
+
+def test_a_session_past_the_memory_limit_is_due_to_spill_and_take_keeps_the_order():
+    log = ChannelStateLog(["b"], ["r"], memory_limit=10)
+    log.start(1, "state", unaligned=True)
+    log.on_records("b", pk(1))
+    assert not log.due  # within the limit
+    log.on_records("r", pk("x" * 20))
+    (s,) = log.due_to_spill()
+    assert not log.due_to_spill()  # emptied by the call
+    first = log.take(s)
+    assert {ch: [r for p in fs for r in codec.unpack(p)] for ch, fs in first.items()} == {"b": [1], "r": ["x" * 20]}
+    assert s.memory == 0 and s.spills == 1 and s.logged == 2  # counted once, spilled or not
+    log.on_records("b", pk(2))
+    log.on_barrier("b", 1)
+    (done,) = log.on_barrier("r", 1).completed
+    assert logs_of(done) == {"b": [2], "r": []}  # what came after the spill
+
+
+def test_a_session_that_ended_before_it_spilled_is_not_due():
+    log = ChannelStateLog(["b"], memory_limit=0)
+    log.start(1, "state")
+    log.on_records("b", pk(1))
+    assert log.due
+    log.on_barrier("b", 1)  # completed: written whole, nothing to spill
+    assert log.due_to_spill() == []
