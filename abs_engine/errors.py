@@ -125,7 +125,9 @@ class FencedOut(AbsEngineError):
 class RescaleErrorReason(enum.Enum):
     STATEFUL_OPERATOR = "stateful_operator"  #: its state has no rule to split or merge it
     FINISHED = "finished"  #: the checkpoint was taken after the operator had finished
-    IN_FLIGHT = "in_flight"  #: records in flight (a back-edge log, unaligned channel state) that cannot be re-routed
+    #: Records in flight that cannot be re-routed. Not raised any more (channel state is
+    #: re-routed by key group); kept so that code naming it still imports.
+    IN_FLIGHT = "in_flight"
     OLD_FORMAT = "old_format"  #: the state was written before it could be rescaled
     REMOVED_OPERATOR = "removed_operator"  #: the checkpoint holds state of an operator the job lacks
     MAX_PARALLELISM = "max_parallelism"  #: more subtasks than key groups, or another key-group count
