@@ -142,7 +142,7 @@ def resolve(files: list[tuple[int, "TaskSnapshotData"]], shown: str, checkpoint_
 
 
 def load_chain(read: Callable[[int, str, int, str], tuple[bytes, str]], checkpoint_id: int,
-               own: tuple[str, int, str], chain: list[ChainRef]) -> "TaskSnapshotData":
+               own: tuple[str, int, str], chain: list[ChainRef], keep_spilled: bool = True) -> "TaskSnapshotData":
     """A task's resolved snapshot: ``read(cid, file, size, sha256)`` returns the verified
     bytes of one file (and how it is shown); every file of the chain is read and verified
     before any is decoded."""
@@ -161,7 +161,7 @@ def load_chain(read: Callable[[int, str, int, str], tuple[bytes, str]], checkpoi
     blobs.append((checkpoint_id, *read(checkpoint_id, *own)))
     snaps = [(cid, decode_snapshot(blob, shown, checkpoint_id)) for cid, blob, shown in blobs]
     # Logs are the own file's only (with its spill files); the chain's files add state.
-    own_snap = spill.attach(snaps[-1][1], read, checkpoint_id)
+    own_snap = spill.attach(snaps[-1][1], read, checkpoint_id, keep_spilled)
     if len(snaps) == 1 and not own_snap.deltas:
         return own_snap
     return resolve(snaps[:-1] + [(checkpoint_id, own_snap)], blobs[-1][2], checkpoint_id)

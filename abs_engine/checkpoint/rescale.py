@@ -80,16 +80,17 @@ def _inflight(plan: Plan, index: int, parallelism: int, chain: tuple[str, ...],
     """Where a new subtask's channel state comes from: per operator of its chain that headed
     old tasks (channel state is kept by the task whose head received it), the old tasks to
     read, whether their records must be re-routed (the operator's parallelism changed), and
-    the old producer tasks whose channels into it are hash edges (routed by key group)."""
+    whether it is keyed: every input of a keyed operator is a hash edge (the compiler
+    refuses any other), so its records go by key group; a keyed operator cannot have become
+    unkeyed under the same name (_check refuses a changed kind)."""
     out = []
     for op in chain:
         olds = [t for t in old_ops.get(op, []) if t.rsplit("#", 1)[0] == op]
         if not olds:
             continue  # it headed no old task: nothing was in flight into it at the cut
         same = len(olds) == parallelism
-        hashed = sorted({t for e in plan.edges if e.dst == op and e.partition == "hash"
-                         for t in old_ops.get(e.src, [])})
-        out.append({"op": op, "from": [olds[index]] if same else olds, "route": not same, "hash_from": hashed})
+        out.append({"op": op, "from": [olds[index]] if same else olds, "route": not same,
+                    "keyed": plan.operator(op).keyed})
     return out
 
 

@@ -72,24 +72,33 @@ def parse_refs(raw: Any) -> tuple[SpillRef, ...]:
 
 
 def attach(snap: "TaskSnapshotData", read: Callable[[int, str, int, str], tuple[bytes, str]],
-           checkpoint_id: int) -> "TaskSnapshotData":
+           checkpoint_id: int, keep: bool = True) -> "TaskSnapshotData":
     """``snap`` with the records of its spill files put before its own logs, channel by
-    channel. ``read(cid, file, size, sha256)`` returns verified bytes (storage's readers)."""
+    channel. ``read(cid, file, size, sha256)`` returns verified bytes (storage's readers).
+    ``keep=False`` (verification): each file is read, checked and decoded, then dropped, so
+    at most one is held at a time; the logs are left as they were."""
     if not snap.spilled:
         return snap
-    blobs = [read(checkpoint_id, f, size, sha) for f, size, sha in snap.spilled]  # all verified first
+    if keep:  # every file verified before any is decoded
+        blobs = [read(checkpoint_id, f, size, sha) for f, size, sha in snap.spilled]
     logs: dict[str, list[Any]] = {}
-    for blob, shown in blobs:
+    for i, (f, size, sha) in enumerate(snap.spilled):
+        blob, shown = blobs[i] if keep else read(checkpoint_id, f, size, sha)
         try:
             doc = codec.unpack(blob)
             if not isinstance(doc, dict) or not all(isinstance(k, str) for k in doc):
                 raise ValueError("not a map of channels")
             for ch, data in doc.items():
-                logs.setdefault(ch, []).extend(codec.unpack(data))
+                records = codec.unpack(data)
+                if keep:
+                    logs.setdefault(ch, []).extend(records)
         except Exception as e:
             raise CheckpointError(CheckpointErrorReason.CORRUPT_STATE,
                                   f"spill file {shown} passes its checksum but cannot be decoded ({e}): the "
                                   "checkpoint is unusable", checkpoint_id) from e
+        del blob, doc
+    if not keep:
+        return replace(snap, spilled=())
     for ch, records in snap.logs.items():
         logs.setdefault(ch, []).extend(records)
     return replace(snap, logs=logs, spilled=())

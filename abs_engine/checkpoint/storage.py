@@ -848,18 +848,21 @@ class CheckpointStorage:
         """The verified bytes of one state file (of this or an earlier checkpoint: a chain's)."""
         return _read_local(self.root, checkpoint_id, file, size, sha256)
 
-    def _snapshots(self, checkpoint_id: int, meta: Metadata, tasks: list[str] | None = None
-                   ) -> dict[str, TaskSnapshotData]:
+    def _snapshots(self, checkpoint_id: int, meta: Metadata, tasks: list[str] | None = None,
+                   keep_spilled: bool = True) -> dict[str, TaskSnapshotData]:
+        """The tasks' snapshots, every file verified and decoded; ``keep_spilled=False``
+        (verification only): spill files are checked one at a time and not kept."""
         tasks = list(meta.tasks) if tasks is None else tasks
         plain = [t for t in tasks if t not in meta.chains]
         blobs = self._read_blobs(checkpoint_id, meta, plain)
         out = {task: spill.attach(decode_snapshot(blob, f"{shown} (task {task})", checkpoint_id), self._read_file,
-                                  checkpoint_id)
+                                  checkpoint_id, keep_spilled)
                for task, (blob, shown) in blobs.items()}
         for t in tasks:
             if t in meta.chains:
                 e = meta.tasks[t]
-                out[t] = load_chain(self._read_file, checkpoint_id, (e.file, e.size, e.sha256), meta.chains[t])
+                out[t] = load_chain(self._read_file, checkpoint_id, (e.file, e.size, e.sha256), meta.chains[t],
+                                    keep_spilled)
         for t, snap in out.items():
             if snap.deltas and t not in meta.chains:
                 raise CheckpointError(_R.CORRUPT_STATE, f"checkpoint {checkpoint_id}: the state file of task {t} "
@@ -871,7 +874,7 @@ class CheckpointStorage:
         """Load the metadata, check size and sha256 of every file it references, and decode
         each one (CORRUPT_STATE if it does not decode)."""
         meta = self.load_metadata(checkpoint_id)
-        self._snapshots(checkpoint_id, meta)
+        self._snapshots(checkpoint_id, meta, keep_spilled=False)
         return meta
 
     def latest_valid(self, fingerprint: str | None = None, job_id: str | None = None,

@@ -52,8 +52,8 @@ class Session:
     unaligned: bool = False  #: it logs regular inputs too
     logged: int = 0  #: records in the logs
     logged_bytes: int = 0
-    #: Records logged on regular inputs (unaligned): in flight on edges a rescale cannot
-    #: re-route yet (checkpoint/rescale.py refuses such a checkpoint at another parallelism).
+    #: Records logged on regular inputs (unaligned): the metadata records which tasks hold
+    #: such channel state (Metadata.channel_state).
     regular_logged: int = 0
     memory: int = 0  #: bytes of ``logs`` (what is held in memory, not spilled)
     #: Spill files written for it, in order (appended by the writer thread): the older part

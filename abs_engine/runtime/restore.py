@@ -72,10 +72,14 @@ def replay(snap: TaskSnapshotData, chain: list[str], rescaled: bool) -> list[tup
     """The records a restored task processes before any input, each batch with the index in
     ``chain`` (its operators, sources excluded) of the operator it goes into: the chain's
     head for a restore of the same plan (logs by channel), the operator named for a
-    rescale (logs by operator: it may be fused behind others now)."""
+    rescale (logs by operator: it may be fused behind others now).
+
+    Invariant: downstream first. An operator's channel state was sent to it before the cut,
+    so it must reach it before anything that operators upstream of it in the chain emit
+    after the cut, their own replays included."""
     if not rescaled:
         return [(0, [rec for records in snap.logs.values() for rec in records])] if snap.logs else []
-    return [(chain.index(op), records) for op, records in snap.logs.items()]
+    return sorted(((chain.index(op), records) for op, records in snap.logs.items()), key=lambda b: -b[0])
 
 
 def _refs(raw: Any) -> list[ChainRef]:
@@ -86,15 +90,11 @@ def _refs(raw: Any) -> list[ChainRef]:
 def _routed(f: dict[str, Any], snaps: dict[str, TaskSnapshotData], spec: TaskSpec,
             key_fns: dict[str, Callable[[Any], Any]], owns: Callable[[Any], bool]) -> list[Any]:
     """This subtask's share of the records the old subtasks of operator ``f["op"]`` logged:
-    on channels from a hash edge (their producer task in ``hash_from``), those whose key
-    group it owns, by the operator's key function; on the others, every
-    ``parallelism``-th of them (forward and rebalance edges honour no key)."""
-    hashed: list[Any] = []
-    dealt: list[Any] = []
-    hash_from = set(f["hash_from"])
-    for t in f["from"]:
-        for ch in sorted(snaps[t].logs):
-            (hashed if ch.split("->", 1)[0] in hash_from else dealt).extend(snaps[t].logs[ch])
+    into a keyed operator (hash edges only), those whose key group it owns, by the
+    operator's key function; into any other, every ``parallelism``-th of them (forward and
+    rebalance edges honour no key)."""
+    records = [rec for t in f["from"] for ch in sorted(snaps[t].logs) for rec in snaps[t].logs[ch]]
+    if not f["keyed"]:
+        return records[spec.index :: spec.parallelism]
     fn = key_fns.get(f["op"])
-    mine = [rec for rec in hashed if owns(fn(rec) if fn is not None else rec)]
-    return mine + dealt[spec.index :: spec.parallelism]
+    return [rec for rec in records if owns(fn(rec) if fn is not None else rec)]

@@ -51,9 +51,9 @@ def test_a_rescale_gives_each_new_subtask_every_old_subtask_of_a_changed_operato
         inflight = {f["op"]: f for f in r["inflight"]}
         if "count" in r["operators"]:
             assert r["operators"]["count"] == old_counts and "count" in r["changed"]
-            # count's channel state is re-routed; its channels from split are a hash edge
+            # count's channel state is re-routed, by key group: count is keyed
             assert inflight["count"]["route"] and inflight["count"]["from"] == old_counts
-            assert inflight["count"]["hash_from"] == old.layout()["operators"]["split"]
+            assert inflight["count"]["keyed"]
         if "sink" in r["operators"]:  # parallelism 1 before and after: its own state, untouched
             assert r["operators"]["sink"] == old.layout()["operators"]["sink"] and "sink" not in r["changed"]
         from_logs = {x for f in r["inflight"] for x in f["from"]}

@@ -103,3 +103,27 @@ def test_a_state_file_with_malformed_spill_references_is_corrupt(tmp_path):
     with pytest.raises(CheckpointError) as info:
         load_task_snapshot(root, CID, name, size, sha)
     assert info.value.reason is _R.CORRUPT_STATE
+
+
+def test_verification_checks_spill_files_and_reading_the_logs_resolves_them(tmp_path):
+    """A checkpoint's verification (what recovery runs before choosing it) reads every
+    spill file with its checks, and a damaged one makes the checkpoint invalid."""
+    from abs_engine.checkpoint.storage import CheckpointStorage, FileEntry, Metadata
+
+    root = str(tmp_path)
+    ref = write(root, "t#0.tag.spill0", spill.encode({"a": frames([1, 2])}))
+    blob = snapshot_file("t#0", CID, codec.pack({}), {"a": codec.join_arrays(frames([3]))}, False, spilled=[ref])
+    name, size, sha = write(root, "t#0.tag.state", blob)
+    storage = CheckpointStorage(root)
+    storage.write_metadata(Metadata(checkpoint_id=CID, job="j", fingerprint="f", created=0.0, final=False,
+                                    tasks={"t#0": FileEntry(name, size, sha)}, alignment_ms={}, duration_ms=1.0))
+    assert storage.verify(CID).checkpoint_id == CID
+    assert storage.read_logs(CID, "t#0") == {"a": [1, 2, 3]}
+    path = os.path.join(root, "chk-000007", ref[0])
+    data = open(path, "rb").read()
+    os.unlink(path)
+    open(path, "wb").write(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(CheckpointError) as info:
+        storage.verify(CID)
+    assert info.value.reason is _R.CHECKSUM_MISMATCH
+    assert storage.latest_valid()[0] is None
