@@ -383,10 +383,15 @@ class Task:
     def _spill(self) -> None:
         """Sessions past ``channel_state_memory``: what they logged goes to spill files
         (written by the writer thread, in order, before their state files)."""
+        limit = self.backlog.memory_limit or 0
         for s in self.backlog.due_to_spill():
+            size = s.memory
             logs = self.backlog.take(s)
             self.writer.spill(s.checkpoint_id, spill.file_name(self._state_file(), s.spills - 1),
-                              lambda logs=logs: spill.encode(logs), s.spilled)  # type: ignore[misc]
+                              lambda logs=logs: spill.encode(logs), s.spilled, size)  # type: ignore[misc]
+            del logs
+        # Channel state held is then at most the limit in the logs plus the limit queued.
+        self.writer.wait_spills(limit)
 
     def _write(self, s: Session) -> None:
         encoding, alignment_ms, finished, sync_ms, base, deltas, known = s.payload

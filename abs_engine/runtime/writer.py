@@ -31,6 +31,9 @@ class SnapshotWriter:
         self.root = root  #: the checkpoint location: a local directory or a remote URI
         self.on_error = on_error
         self.jobs: queue.Queue[_Job | _Spill | None] = queue.Queue()
+        #: Bytes of channel state handed over to spill and not written yet.
+        self.spilling = 0
+        self._spilled = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="snapshot-writer", daemon=True)
         self.thread.start()
 
@@ -43,12 +46,22 @@ class SnapshotWriter:
         self.jobs.put(_Job(checkpoint_id, name, blob, alignment_ms, logged, finished, sync_ms, time.perf_counter(),
                            base, known, unaligned, inflight_bytes, channel_state))
 
-    def spill(self, checkpoint_id: int, name: str, blob: Callable[[], bytes], refs: list[tuple[str, int, str]]) -> None:
-        """Write ``blob()`` as spill file ``name`` of checkpoint ``checkpoint_id`` and append
-        (name, size, sha256) to ``refs``, on this thread, before any later submission: the
-        state file that lists ``refs`` is built after every spill before it
-        (checkpoint/spill.py). Nothing is acknowledged."""
-        self.jobs.put(_Spill(checkpoint_id, name, blob, refs))
+    def spill(self, checkpoint_id: int, name: str, blob: Callable[[], bytes], refs: list[tuple[str, int, str]],
+              size: int) -> None:
+        """Write ``blob()`` (``size`` bytes of records) as spill file ``name`` of checkpoint
+        ``checkpoint_id`` and append (name, size, sha256) to ``refs``, on this thread, before
+        any later submission: the state file that lists ``refs`` is built after every spill
+        before it (checkpoint/spill.py). Nothing is acknowledged."""
+        with self._spilled:
+            self.spilling += size
+        self.jobs.put(_Spill(checkpoint_id, name, blob, refs, size))
+
+    def wait_spills(self, limit: int) -> None:
+        """Block until at most ``limit`` bytes handed over to spill are still unwritten: the
+        task thread's back-pressure, so a slow disk or store cannot let them pile up."""
+        with self._spilled:
+            while self.spilling > limit and self.thread.is_alive():
+                self._spilled.wait(1.0)  # notified after each spill; the timeout only re-checks liveness
 
     def flush(self) -> None:
         """Wait until every submitted snapshot is written and acknowledged."""
@@ -69,6 +82,10 @@ class SnapshotWriter:
                     blob = job.blob()
                     write_task_state(self.root, job.checkpoint_id, job.name, blob)
                     job.refs.append((job.name, len(blob), hashlib.sha256(blob).hexdigest()))
+                    del blob
+                    with self._spilled:
+                        self.spilling -= job.size
+                        self._spilled.notify_all()
                     continue
                 blob = job.blob() if callable(job.blob) else job.blob
                 write_task_state(self.root, job.checkpoint_id, job.name, blob)
@@ -108,3 +125,4 @@ class _Spill:
     name: str
     blob: Callable[[], bytes]
     refs: list[tuple[str, int, str]]  #: the session's spill files, appended to once written
+    size: int = 0  #: bytes of records it holds

@@ -127,3 +127,32 @@ def test_verification_checks_spill_files_and_reading_the_logs_resolves_them(tmp_
         storage.verify(CID)
     assert info.value.reason is _R.CHECKSUM_MISMATCH
     assert storage.latest_valid()[0] is None
+
+
+def test_the_writer_counts_spills_until_written_and_lists_them_in_order(tmp_path):
+    """Spill jobs hand their bytes to the writer thread: counted as unwritten (what
+    wait_spills holds the task thread on) until written, then listed in order."""
+    import threading
+
+    from abs_engine.runtime.writer import SnapshotWriter
+
+    errors: list[BaseException] = []
+    writer = SnapshotWriter(None, "t#0", str(tmp_path), errors.append)  # type: ignore[arg-type]
+    gate = threading.Event()
+    refs: list[tuple[str, int, str]] = []
+    first = spill.encode({"a": frames([1])})
+
+    def slow() -> bytes:
+        gate.wait()
+        return first
+
+    writer.spill(CID, "t#0.tag.spill0", slow, refs, 100)
+    writer.spill(CID, "t#0.tag.spill1", lambda: spill.encode({"a": frames([2])}), refs, 50)
+    assert writer.spilling == 150 and refs == []  # the first write is held at its gate
+    gate.set()
+    writer.wait_spills(0)
+    assert writer.spilling == 0 and not errors
+    assert [r[0] for r in refs] == ["t#0.tag.spill0", "t#0.tag.spill1"]
+    assert refs[0][1:] == (len(first), hashlib.sha256(first).hexdigest())
+    snap = checkpoint(str(tmp_path), refs, {})
+    assert snap.logs == {"a": [1, 2]}
