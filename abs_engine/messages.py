@@ -49,6 +49,7 @@ class Deploy(Message):
     unaligned: bool = False  #: the job's checkpoints are unaligned (mode="unaligned")
     #: Bytes of channel state one checkpoint may hold in memory before it spills (< 0: never).
     channel_state_memory: int = -1
+    channel_buffer: int = 0  #: kernel buffer bytes per direction of a data channel (0: the kernel's)
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,9 @@ class Ack(Message):
     unaligned: bool = False  #: the task's snapshot was unaligned (logged every input's state)
     inflight_bytes: int = 0  #: bytes of the records ``logged`` (channel state)
     channel_state: int = 0  #: of ``logged``, records in flight on regular inputs (unaligned)
+    #: Wall time (time.time()) the checkpoint's first barrier, or its trigger, reached the
+    #: task: the driver subtracts its trigger time for the start delay (0: not known).
+    first_seen: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,9 @@ class CheckpointCoordinator:
         self.aligned_timeout = aligned_timeout
         self.escalated: set[int] = set()
         self.modes: dict[int, str] = {}  #: checkpoint id -> how it was triggered (pending ones)
+        #: checkpoint id -> wall time of its trigger (pending ones), for start delays:
+        #: a task's first barrier minus this (Flink's checkpoint start delay).
+        self.triggered_at: dict[int, float] = {}
         self.quiescence = QuiescenceDetector(self.tasks, channels)
         self.wave_interval = wave_interval
         self.stw_checkpoint: int | None = None  #: the stop-the-world checkpoint in progress
@@ -219,6 +222,7 @@ class CheckpointCoordinator:
                 self.next_trigger_at = None  # no periodic checkpoints: this one was asked for
         p = PendingCheckpoint(cid, now, self.tasks, final=final)
         self.pending[cid] = p
+        self.triggered_at[cid] = time.time()
         if self.stop_the_world and not final:
             self.modes[cid] = "stop-the-world"
             # Pause the sources, then count until nothing is in flight (see quiescence.py).
@@ -245,6 +249,8 @@ class CheckpointCoordinator:
         mode = self.modes.get(checkpoint_id, "aligned")
         for cid in [c for c in self.modes if c <= checkpoint_id]:
             del self.modes[cid]
+        for cid in [c for c in self.triggered_at if c <= checkpoint_id]:
+            del self.triggered_at[cid]
         self.escalated = {c for c in self.escalated if c > checkpoint_id}
         return mode
 

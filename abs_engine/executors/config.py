@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..checkpoint import spill
+from ..runtime.channel import DEFAULT_BUFFER
 
 MODES = ("aligned", "unaligned", "none", "stop-the-world")
 EXECUTORS = ("local", "spark")
@@ -119,7 +120,16 @@ class JobConfig:
         bytes of channel state (records in flight logged for one checkpoint: back-edges
         round a loop, every input when unaligned) a task holds in memory; past that it spills
         them to files beside its state file in the checkpoint (checkpoint/spill.py) and
-        frees them. Default 32 MiB; None: never spill.
+        frees them; past it too, a task stops reading its inputs ahead of processing (what
+        it read ahead waits to be processed: reading on would move the backlog from the
+        kernel's buffers into the task's memory, checkpoint after checkpoint). Default
+        32 MiB; None: no bound.
+    ``channel_buffer``
+        bytes of kernel buffer per direction of each data channel (default 512 KiB; the
+        kernel doubles it). The bytes in flight on a channel are what an aligned barrier
+        queues behind and what an unaligned checkpoint persists: bounded, as Flink bounds
+        them with its network buffers. None: the kernel's autotuning (up to tens of MB a
+        channel on Linux).
     ``stop_with_savepoint_on_signal``
         while run() runs in the main thread, SIGTERM or Ctrl-C
         takes a savepoint, commits the sinks and returns (``JobResult.savepoint``,
@@ -154,6 +164,7 @@ class JobConfig:
     stop_with_savepoint_on_signal: bool = True
     aligned_timeout: float | None = None
     channel_state_memory: int | None = spill.DEFAULT_MEMORY
+    channel_buffer: int | None = DEFAULT_BUFFER
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -175,6 +186,11 @@ class JobConfig:
                 or self.channel_state_memory < 0):
             raise ValueError(f"channel_state_memory must be a number of bytes >= 0 or None, got "
                              f"{self.channel_state_memory!r}")
+        if self.channel_buffer is not None and (
+                isinstance(self.channel_buffer, bool) or not isinstance(self.channel_buffer, int)
+                or self.channel_buffer < 4096):
+            raise ValueError(f"channel_buffer must be a number of bytes >= 4096 or None (the kernel's), got "
+                             f"{self.channel_buffer!r}")
         if self.mode == "unaligned" and self.max_concurrent_checkpoints != 1:
             raise ValueError("mode='unaligned' takes one checkpoint at a time (max_concurrent_checkpoints=1), as "
                              "Flink does: each one persists the data in flight")
@@ -227,6 +243,11 @@ class CheckpointStat:
     #: Records in flight it persisted (channel state: unaligned inputs and back-edges).
     inflight_records: int = 0
     inflight_bytes: int = 0  #: their size, as encoded
+    #: The longest start delay of its tasks (Flink's): from the trigger to the moment the
+    #: checkpoint's first barrier, or its trigger, reached the task, i.e. how long a barrier
+    #: spent queued behind data. Wall clocks: on one machine exact; across machines, as
+    #: good as their clocks agree.
+    max_start_delay_ms: float = 0.0
 
 
 #: JobResult keeps the statistics of this many most recent checkpoints (a long job takes

@@ -101,8 +101,12 @@ class _AckTotals:
     unaligned_tasks: int = 0
     inflight_records: int = 0
     inflight_bytes: int = 0
+    triggered_at: float | None = None  #: wall time of the trigger (None: not this driver's)
+    start_delay_ms: float = 0.0  #: the longest: trigger to a task's first barrier
 
     def add(self, ack: messages.Ack) -> None:
+        if self.triggered_at is not None and ack.first_seen:
+            self.start_delay_ms = max(self.start_delay_ms, (ack.first_seen - self.triggered_at) * 1000)
         self.sync_ms = max(self.sync_ms, ack.sync_ms)
         self.async_ms = max(self.async_ms, ack.async_ms)
         self.unaligned_tasks += int(ack.unaligned)
@@ -368,7 +372,8 @@ class JobMaster:
                     incremental=cfg.incremental_checkpoints and cfg.mode != "none",
                     aligned_timeout=cfg.aligned_timeout if cfg.aligned_timeout is not None else -1.0,
                     unaligned=cfg.mode == "unaligned",
-                    channel_state_memory=-1 if cfg.channel_state_memory is None else cfg.channel_state_memory))
+                    channel_state_memory=-1 if cfg.channel_state_memory is None else cfg.channel_state_memory,
+                    channel_buffer=cfg.channel_buffer or 0))
             self._drive(workers, storage, meta, next_id)
         finally:
             self.launcher.stop({t: w.proc for t, w in workers.items()}, timeout=10.0)
@@ -648,7 +653,11 @@ class JobMaster:
             self.source_progress[msg.task] = msg.records_in
         elif isinstance(msg, messages.Ack):
             outcome, meta = coord.on_ack(msg)
-            self.snapshot_ms.setdefault(msg.checkpoint_id, _AckTotals()).add(msg)
+            totals = self.snapshot_ms.get(msg.checkpoint_id)
+            if totals is None:
+                totals = self.snapshot_ms[msg.checkpoint_id] = _AckTotals(
+                    triggered_at=coord.triggered_at.get(msg.checkpoint_id))
+            totals.add(msg)
             if meta is not None:
                 self.consecutive_expired = 0
                 if meta.checkpoint_id == coord.savepoint_id or (meta.final and coord.savepoint_requested):
@@ -660,7 +669,7 @@ class JobMaster:
                     meta.checkpoint_id, meta.duration_ms, sum(e.size for e in meta.tasks.values()),
                     max(meta.alignment_ms.values(), default=0.0), meta.final, acks.sync_ms, acks.async_ms,
                     len(meta.chains), coord.mode_of(meta.checkpoint_id), acks.unaligned_tasks, acks.inflight_records,
-                    acks.inflight_bytes))
+                    acks.inflight_bytes, acks.start_delay_ms))
                 for task, m in coord.notifications(meta):
                     self._send(workers[task], m)
                 self._chaos_on_checkpoint(meta.checkpoint_id, workers)

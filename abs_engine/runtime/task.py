@@ -54,6 +54,9 @@ SERVICE_EVERY = 0.005
 #: (measured per record), so a trigger waits for at most that: a slow stage's batch of
 #: GATHER_MAX records could otherwise hold the task for a second.
 BATCH_WORK = 0.01
+#: Responsive, before a batch has been measured: a small first batch (a slow stage's first
+#: batch of GATHER_MAX records could hold up the job's first unaligned checkpoint).
+FIRST_BATCH = 64
 
 
 def _unregister(sel: selectors.BaseSelector, ch: InputChannel) -> None:
@@ -130,7 +133,7 @@ class Task:
         self._blocked: list[InputChannel] = []
         #: Records gathered before they are processed: GATHER_MAX, or (responsive) what
         #: BATCH_WORK allows at the measured seconds per record.
-        self.gather_max = GATHER_MAX
+        self.gather_max = FIRST_BATCH if self.responsive else GATHER_MAX
         self._per_record = 0.0
         self.finished = False
         self.inputs_ended = False  #: every regular input ended (reported once)
@@ -141,6 +144,9 @@ class Task:
         self.records_out = 0
         self.blocked_since: float | None = None
         self.last_snapshot = 0  #: a trigger for an id <= this is a duplicate (e.g. barrier then direct)
+        #: Checkpoint id -> wall time its first barrier (or trigger) reached this task: the
+        #: end of its start delay (Flink's), the time the barrier spent queued behind data.
+        self.first_seen: dict[int, float] = {}
         self.runnable: deque[InputChannel] = deque()
         self.gathered: list[Any] = []
         #: Which operator's code runs, since when: read by the watchdog thread.
@@ -253,6 +259,9 @@ class Task:
         inputs that delivered this barrier already."""
         self.last_snapshot = checkpoint_id
         began = time.perf_counter()
+        seen = self.first_seen.pop(checkpoint_id, 0.0) or time.time()
+        for old in [c for c in self.first_seen if c < checkpoint_id]:
+            del self.first_seen[old]
         states: dict[str, Any] = {}
         for name, op in self._all_operators():
             self.activity.enter(name)
@@ -276,7 +285,7 @@ class Task:
         if self.blocked_since is not None:
             alignment_ms = (time.perf_counter() - self.blocked_since) * 1000
             self.blocked_since = None
-        payload = (encoding, alignment_ms, self.finished, sync_ms, base, deltas, self.increments.known)
+        payload = (encoding, alignment_ms, self.finished, sync_ms, base, deltas, self.increments.known, seen)
         if not forward:
             # Stop-the-world: nothing is in flight (proven by counting), so no back-edge
             # has anything to log, and no barrier will come round to close a session.
@@ -315,9 +324,15 @@ class Task:
     def _read_ahead_frames(self, ch: InputChannel) -> None:
         log = self.backlog
         fetched = False
+        limit = log.memory_limit
         while not ch.ahead_stopped:
             upto = log.waiting_on(ch.id)
             if not upto:
+                return
+            if limit is not None and sum(c.ahead_bytes for c in self.inputs.values()) >= limit:
+                # Memory bound: what is read ahead waits to be processed, so reading on would
+                # only move the backlog from the kernel's buffers into ours, checkpoint after
+                # checkpoint. Reading resumes (_service) as processing frees room.
                 return
             f = ch.reader.next_frame()
             if f is None:
@@ -327,13 +342,14 @@ class Task:
                 fetched = True
                 continue
             kind, data = f
-            ch.ahead.append((kind, data))
+            ch.push_ahead(kind, data)
             if kind == codec.FrameKind.RECORDS:
                 log.on_records(ch.id, data)
                 if log.due:
                     self._spill()
             elif kind == codec.FrameKind.BARRIER:
                 cid, _ = codec.parse_barrier(data)
+                self._seen(cid)
                 if cid > upto or (ch.back_edge and self.loop_ended):
                     ch.ahead_stopped = True  # handled in order when processed
                     return
@@ -377,6 +393,10 @@ class Task:
                 and time.perf_counter() - self.blocked_since >= self.aligned_timeout):
             self._trigger_unaligned(st.checkpoint_id, set())
 
+    def _seen(self, checkpoint_id: int) -> None:
+        if checkpoint_id > self.last_snapshot and checkpoint_id not in self.first_seen:
+            self.first_seen[checkpoint_id] = time.time()
+
     def _state_file(self) -> str:
         return f"{self.spec.id}.{self.file_tag}.state" if self.file_tag else f"{self.spec.id}.state"
 
@@ -394,7 +414,7 @@ class Task:
         self.writer.wait_spills(limit)
 
     def _write(self, s: Session) -> None:
-        encoding, alignment_ms, finished, sync_ms, base, deltas, known = s.payload
+        encoding, alignment_ms, finished, sync_ms, base, deltas, known, seen = s.payload
         logs = {ch: codec.join_arrays(frames) if frames else codec.pack([]) for ch, frames in s.logs.items()}
         task, cid, spilled = self.spec.id, s.checkpoint_id, s.spilled
 
@@ -403,7 +423,7 @@ class Task:
                                                    spilled)
 
         self.writer.submit(s.checkpoint_id, self._state_file(), blob, alignment_ms, s.logged, finished, sync_ms,
-                           base, known, s.unaligned, s.logged_bytes, s.regular_logged)
+                           base, known, s.unaligned, s.logged_bytes, s.regular_logged, seen)
 
     def _release(self, channels: tuple[str, ...]) -> None:
         for cid in channels:
@@ -428,6 +448,7 @@ class Task:
             # may record its state at any moment, then logs what arrives before each marker).
             if msg.checkpoint_id <= self.last_snapshot:
                 return
+            self._seen(msg.checkpoint_id)
             if self.source is not None or self.finished or self.inputs_ended:
                 self._flush()
                 self._snapshot(msg.checkpoint_id, unaligned=msg.unaligned)
@@ -568,6 +589,8 @@ class Task:
             cid, unaligned = codec.parse_barrier(payload)
             if ch.back_edge and self.loop_ended:
                 return
+            if not ahead:
+                self._seen(cid)
             if unaligned and cid > self.last_snapshot:  # the first barrier of an unaligned checkpoint
                 self._trigger_unaligned(cid, {ch.id})
                 return

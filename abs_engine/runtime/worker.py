@@ -119,7 +119,8 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
                 chans = []
                 for cid in o.channels:
                     consumer = cid.split("->", 1)[1]
-                    chans.append(OutputChannel(cid, deploy.peers[consumer], secret, deploy.connect_timeout, material))
+                    chans.append(OutputChannel(cid, deploy.peers[consumer], secret, deploy.connect_timeout, material,
+                                               deploy.channel_buffer))
                 outputs.append(Output(o, chans, key_fns.get(o.key_operator), tail, plan.max_parallelism))
         except BaseException as e:  # noqa: BLE001 - re-raised on the task thread below
             connect_error.append(e)
@@ -130,7 +131,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     connector = threading.Thread(target=connect_outputs, name="connect-outputs", daemon=True)
     connector.start()
     inputs = accept_inputs(listener, {c.id: c.back_edge for c in spec.inputs}, secret, deploy.connect_timeout,
-                           material)
+                           material, deploy.channel_buffer)
     listener.close()
     connector.join()
     if connect_error:

@@ -39,12 +39,13 @@ class SnapshotWriter:
 
     def submit(self, checkpoint_id: int, name: str, blob: bytes | Callable[[], bytes], alignment_ms: float,
                logged: int, finished: bool, sync_ms: float = 0.0, base: int = -1, known: int = -1,
-               unaligned: bool = False, inflight_bytes: int = 0, channel_state: int = 0) -> None:
+               unaligned: bool = False, inflight_bytes: int = 0, channel_state: int = 0,
+               first_seen: float = 0.0) -> None:
         """Write ``blob`` (or what ``blob()`` returns, called on this thread: it may wait for a
         forked encoder) as the task's state file, then acknowledge it with the time the
         task thread spent (``sync_ms``) and the time from here to the acknowledgement."""
         self.jobs.put(_Job(checkpoint_id, name, blob, alignment_ms, logged, finished, sync_ms, time.perf_counter(),
-                           base, known, unaligned, inflight_bytes, channel_state))
+                           base, known, unaligned, inflight_bytes, channel_state, first_seen))
 
     def spill(self, checkpoint_id: int, name: str, blob: Callable[[], bytes], refs: list[tuple[str, int, str]],
               size: int) -> None:
@@ -94,7 +95,7 @@ class SnapshotWriter:
                     messages.Ack(job.checkpoint_id, self.task, job.name, len(blob), digest, job.alignment_ms,
                                  job.logged, job.finished, job.sync_ms,
                                  (time.perf_counter() - job.submitted) * 1000, job.base, job.known,
-                                 job.unaligned, job.inflight_bytes, job.channel_state)
+                                 job.unaligned, job.inflight_bytes, job.channel_state, job.first_seen)
                 )
             except BaseException as e:  # noqa: BLE001 - reported to the driver, then the worker dies
                 self.on_error(e)
@@ -117,6 +118,7 @@ class _Job:
     unaligned: bool = False
     inflight_bytes: int = 0
     channel_state: int = 0
+    first_seen: float = 0.0  #: wall time the checkpoint's first barrier (or trigger) reached the task
 
 
 @dataclass(frozen=True)

@@ -133,16 +133,29 @@ class CapturingWriter:
         self.op: Remember | None = None
         self.processed_at_ack: dict[int, int] = {}  #: records the operator had processed when acked
         self.unaligned: dict[int, bool] = {}
+        self.first_seen: dict[int, float] = {}
+        self.spilled: dict[int, dict[str, list[Any]]] = {}  #: checkpoint -> channel -> records spilled
 
     def submit(self, cid, name, blob, alignment_ms, logged, finished, sync_ms=0.0, base=-1, known=-1,
-               unaligned=False, inflight_bytes=0, channel_state=0) -> None:
+               unaligned=False, inflight_bytes=0, channel_state=0, first_seen=0.0) -> None:
         if self.op is not None:
             self.processed_at_ack[cid] = len(self.op.seen)  # on the task thread: exact
         self.unaligned[cid] = unaligned
+        self.first_seen[cid] = first_seen
         snap = decode_snapshot(blob() if callable(blob) else blob, name)
-        states, logs = snap.states, snap.logs
+        states, logs = snap.states, dict(snap.logs)
+        for ch, records in self.spilled.pop(cid, {}).items():  # spilled first, as spill.attach
+            logs[ch] = records + logs.get(ch, [])
         assert logged == sum(len(v) for v in logs.values())
         self.snapshots.put((cid, states, logs))
+
+    def spill(self, cid, name, blob, refs, size) -> None:  # on the task thread: kept in memory
+        for ch, data in codec.unpack(blob()).items():
+            self.spilled.setdefault(cid, {}).setdefault(ch, []).extend(codec.unpack(data))
+        refs.append((name, size, "0" * 64))
+
+    def wait_spills(self, limit: int) -> None:
+        pass
 
     def flush(self) -> None:
         pass
@@ -153,7 +166,7 @@ class CapturingWriter:
 
 class Harness:
     def __init__(self, unaligned: bool = False, aligned_timeout: float | None = None, delay: float = 0.0,
-                 second_input: bool = False) -> None:
+                 second_input: bool = False, channel_state_memory: int | None = None) -> None:
         self.reg_prod, reg_cons = socket.socketpair()
         self.reg2_prod, reg2_cons = socket.socketpair()
         self.back_prod, back_cons = socket.socketpair()
@@ -175,7 +188,8 @@ class Harness:
         self.writer = CapturingWriter()
         self.writer.op = self.op
         self.task = Task(spec, ["remember"], [self.op], None, None, [], inputs, control, self.writer, "/nonexistent",
-                         aligned_timeout=aligned_timeout, unaligned=unaligned)
+                         aligned_timeout=aligned_timeout, unaligned=unaligned,
+                         channel_state_memory=channel_state_memory)
         self.thread = threading.Thread(target=self.task.run, daemon=True)
         self.thread.start()
 
@@ -477,3 +491,38 @@ def test_random_unaligned_sessions_log_exactly_the_records_between_the_cut_and_e
     assert s.logged == sum(len(v) for v in oracle.values())
     if limit is None:
         assert s.spills == 0
+
+
+def test_read_ahead_stops_at_the_memory_limit_and_the_cut_is_still_exact(monkeypatch):
+    """channel_state_memory bounds what a task reads ahead: past it, frames stay in the
+    socket until processing frees room (reading on would move the backlog from the kernel
+    into the task, checkpoint after checkpoint). The checkpoint then completes only once
+    enough is processed, with the same exact cut; what it logged spilled to the writer."""
+    from abs_engine.runtime.channel import InputChannel
+
+    peak = [0]
+    push = InputChannel.push_ahead
+
+    def counting(self: InputChannel, kind: int, payload: bytes) -> None:
+        push(self, kind, payload)
+        peak[0] = max(peak[0], self.ahead_bytes)
+
+    monkeypatch.setattr(InputChannel, "push_ahead", counting)
+    n = 9000
+    frames = [list(range(i * n, (i + 1) * n)) for i in range(10)]
+    frame_bytes = max(len(codec.pack(f)) for f in frames)
+    h = Harness(unaligned=True, delay=0.02, second_input=True, channel_state_memory=2 * frame_bytes)
+    try:
+        h.send(h.reg2_prod, *frames, ("unaligned", 1), [-2])
+        h.control(messages.Trigger(1, unaligned=True))
+        h.send(h.reg_prod, [-1], ("unaligned", 1))
+        h.send(h.back_prod, ("unaligned", 1))
+        cid, states, logs = h.writer.next()
+        assert cid == 1
+        assert peak[0] <= 3 * frame_bytes, (peak[0], frame_bytes)  # the limit, and the frame that crossed it
+        assert_unaligned_cut(states, logs, before=set(range(10 * n)), after={-2})
+        assert h.writer.spilled == {} and len(logs["r2"]) > 2 * n  # it spilled, and the spills came back in
+        # It had to process most of the queue before it could reach the barrier.
+        assert h.writer.processed_at_ack[1] >= 6 * n, h.writer.processed_at_ack
+    finally:
+        h.close()
