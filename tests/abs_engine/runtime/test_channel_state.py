@@ -343,6 +343,18 @@ def test_an_unaligned_barrier_snapshots_at_once_and_logs_the_other_inputs_until_
         h.close()
 
 
+def trigger_behind_a_queue(h: Harness, frames: list[list[int]]) -> tuple[int, dict[str, Any], dict[str, list[Any]]]:
+    """``frames`` queued on the second input before its unaligned barrier 1 (and -2 after
+    it), then the trigger, then barrier 1 on the other inputs: the snapshot it takes."""
+    h.send(h.reg2_prod, *frames, ("unaligned", 1), [-2])
+    h.control(messages.Trigger(1, unaligned=True))
+    h.send(h.reg_prod, [-1], ("unaligned", 1))
+    h.send(h.back_prod, ("unaligned", 1))
+    snap = h.writer.next()
+    assert snap[0] == 1
+    return snap
+
+
 def test_a_trigger_snapshots_a_busy_task_at_once_and_reads_its_inputs_ahead_of_processing():
     """A slow stage with a queue of frames on an input: the unaligned checkpoint persists the
     queued records as channel state and completes long before they are processed."""
@@ -350,12 +362,7 @@ def test_a_trigger_snapshots_a_busy_task_at_once_and_reads_its_inputs_ahead_of_p
     try:
         n = 9000  # records per frame: more than a task gathers into one batch
         frames = [list(range(i * n, (i + 1) * n)) for i in range(10)]  # two seconds of processing
-        h.send(h.reg2_prod, *frames, ("unaligned", 1), [-2])
-        h.control(messages.Trigger(1, unaligned=True))
-        h.send(h.reg_prod, [-1], ("unaligned", 1))
-        h.send(h.back_prod, ("unaligned", 1))
-        cid, states, logs = h.writer.next()
-        assert cid == 1
+        cid, states, logs = trigger_behind_a_queue(h, frames)
         assert_unaligned_cut(states, logs, before=set(range(10 * n)), after={-2})
         # Acknowledged while most of the queue was still unprocessed: it was read ahead.
         assert h.writer.processed_at_ack[1] < 6 * n, h.writer.processed_at_ack
@@ -513,12 +520,7 @@ def test_read_ahead_stops_at_the_memory_limit_and_the_cut_is_still_exact(monkeyp
     frame_bytes = max(len(codec.pack(f)) for f in frames)
     h = Harness(unaligned=True, delay=0.02, second_input=True, channel_state_memory=2 * frame_bytes)
     try:
-        h.send(h.reg2_prod, *frames, ("unaligned", 1), [-2])
-        h.control(messages.Trigger(1, unaligned=True))
-        h.send(h.reg_prod, [-1], ("unaligned", 1))
-        h.send(h.back_prod, ("unaligned", 1))
-        cid, states, logs = h.writer.next()
-        assert cid == 1
+        cid, states, logs = trigger_behind_a_queue(h, frames)
         assert peak[0] <= 3 * frame_bytes, (peak[0], frame_bytes)  # the limit, and the frame that crossed it
         assert_unaligned_cut(states, logs, before=set(range(10 * n)), after={-2})
         assert h.writer.spilled == {} and len(logs["r2"]) > 2 * n  # it spilled, and the spills came back in
