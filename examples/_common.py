@@ -22,8 +22,8 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
                     help="with --mode aligned: a checkpoint still pending S seconds after its trigger turns "
                          "unaligned")
     ap.add_argument("--channel-state-memory", type=int, metavar="BYTES", default=spill.DEFAULT_MEMORY,
-                    help="bytes of in-flight records one checkpoint may hold in a task's memory before they spill "
-                         "to files in the checkpoint (default %(default)s)")
+                    help="bytes of in-flight records a task holds in memory: a checkpoint's log past it spills to "
+                         "files in the checkpoint, and reading inputs ahead stops at it (default %(default)s)")
     ap.add_argument("--executor", choices=list(EXECUTORS), default="local",
                     help="who runs the workers: local processes (default) or a Spark barrier stage")
     ap.add_argument("--spark-master", help="Spark master URL for --executor spark and Spark sources "
