@@ -226,6 +226,17 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
                           f"{args.timeout:g}s (a job with another savepoint_dir: pass --savepoint-dir)")
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from . import fs
+    from .monitor.report import write_report
+
+    out = args.output or (os.path.join(fs.local_path(args.dir), "report.html") if not fs.is_remote(args.dir)
+                          else "report.html")
+    write_report(args.dir, out)
+    print(out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="abs-engine", description="abs-engine: stream dataflows with ABS checkpoints")
     sub = p.add_subparsers(dest="command", required=True)
@@ -248,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--savepoint-dir", help="where the job writes savepoints (default DIR/savepoints)")
     sp.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the savepoint")
     sp.set_defaults(fn=cmd_savepoint)
+    rp = sub.add_parser("report", help="write a self-contained HTML report of the job whose checkpoints are in DIR")
+    rp.add_argument("dir", help="the job's checkpoint directory (it holds _job_stats.json)")
+    rp.add_argument("-o", "--output", help="the HTML file to write (default: DIR/report.html for a local DIR, "
+                                           "else ./report.html)")
+    rp.set_defaults(fn=cmd_report)
     return p
 
 

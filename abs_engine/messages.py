@@ -117,6 +117,12 @@ class Heartbeat(Message):
 
     TAG: ClassVar[str] = "heartbeat"
     task: str
+    #: The task's counters so far in this attempt, for the dashboard and metrics (-1: not
+    #: known yet): records processed (read, for a source), records emitted, and seconds
+    #: spent sending on data channels (blocked by backpressure, mostly).
+    records_in: int = -1
+    records_out: int = -1
+    send_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -37,16 +37,22 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
                          "state of removed ones dropped, added ones starting empty")
     ap.add_argument("--restore-from", help="a savepoint to start from (at any parallelism); Ctrl-C or SIGTERM "
                                            "takes one and stops the job")
+    ap.add_argument("--dashboard", type=int, metavar="PORT",
+                    help="serve a live dashboard (job graph, throughput, backpressure, checkpoints, restarts), its "
+                         "JSON API and Prometheus /metrics on PORT while the job runs (0: any free port)")
+    ap.add_argument("--dashboard-host", default="127.0.0.1",
+                    help="address the dashboard binds to (default %(default)s; it has no authentication)")
 
 
 def executor_options(args: argparse.Namespace) -> dict[str, Any]:
     """flow.run() options for --executor / --spark-master / --tls / --restore-from / --incremental /
-    --allow-non-restored-state / --aligned-timeout / --channel-state-memory."""
+    --allow-non-restored-state / --aligned-timeout / --channel-state-memory / --dashboard."""
     opts: dict[str, Any] = {"executor": args.executor, "tls": args.tls, "restore_from": args.restore_from,
                             "incremental_checkpoints": args.incremental,
                             "allow_non_restored_state": args.allow_non_restored_state,
                             "aligned_timeout": args.aligned_timeout,
-                            "channel_state_memory": args.channel_state_memory}
+                            "channel_state_memory": args.channel_state_memory,
+                            "dashboard": args.dashboard, "dashboard_host": args.dashboard_host}
     if args.spark_master:
         import atexit
 

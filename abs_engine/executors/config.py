@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..checkpoint import spill
+from ..monitor.model import CheckpointStat, CheckpointStatus, RecoveryEvent, SubtaskStat
 from ..runtime.channel import DEFAULT_BUFFER
 
 MODES = ("aligned", "unaligned", "none", "stop-the-world")
@@ -134,6 +136,15 @@ class JobConfig:
         while run() runs in the main thread, SIGTERM or Ctrl-C
         takes a savepoint, commits the sinks and returns (``JobResult.savepoint``,
         ``stopped_with_savepoint``); a second signal stops at once.
+    ``dashboard``
+        serve a live dashboard of the job on this port while it runs (0: any free port; the
+        address is printed to stderr and kept in ``JobResult.dashboard_url``): the job graph,
+        records per second and backpressure per task, checkpoint history and timelines,
+        restarts; a JSON API under ``/api/`` and Prometheus metrics at ``/metrics``
+        (monitor/dashboard.py). None (default): no server.
+    ``dashboard_host``
+        the address the dashboard binds to (default 127.0.0.1: this machine only; it has no
+        authentication, so bind it elsewhere only on a network you trust).
     """
 
     mode: str = "aligned"
@@ -165,6 +176,8 @@ class JobConfig:
     aligned_timeout: float | None = None
     channel_state_memory: int | None = spill.DEFAULT_MEMORY
     channel_buffer: int | None = DEFAULT_BUFFER
+    dashboard: int | None = None
+    dashboard_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -194,6 +207,9 @@ class JobConfig:
         if self.mode == "unaligned" and self.max_concurrent_checkpoints != 1:
             raise ValueError("mode='unaligned' takes one checkpoint at a time (max_concurrent_checkpoints=1), as "
                              "Flink does: each one persists the data in flight")
+        if self.dashboard is not None and (isinstance(self.dashboard, bool) or not isinstance(self.dashboard, int)
+                                           or not 0 <= self.dashboard <= 65535):
+            raise ValueError(f"dashboard must be a TCP port (0-65535; 0: any free one) or None, got {self.dashboard!r}")
         if self.retained_checkpoints < 1:
             raise ValueError("retained_checkpoints must be >= 1")
         if self.task_timeout < 0 or not self.heartbeat_interval > 0 or not self.startup_timeout > 0:
@@ -215,44 +231,11 @@ class JobConfig:
                                  "(pip install 'cryptography>=41')") from None
 
 
-@dataclass(frozen=True)
-class CheckpointStat:
-    """One completed checkpoint, as ``JobResult.checkpoints`` lists it."""
-
-    checkpoint_id: int  #: its number (``chk-<id>`` in the checkpoint directory)
-    duration_ms: float  #: from its trigger to its last acknowledgement
-    bytes: int  #: the state it wrote, all tasks' files together
-    #: The longest time a task spent aligning its barriers (first barrier to last).
-    max_alignment_ms: float
-    final: bool  #: taken at the end of a bounded job (it commits the last output)
-    #: The slowest task's share of its snapshot on the task thread (operators' snapshot()
-    #: and the copy).
-    max_sync_ms: float = 0.0
-    #: The slowest task's time from there to its acknowledgement (the encoding if forked,
-    #: the write).
-    max_async_ms: float = 0.0
-    #: Incremental checkpoints: tasks whose file holds deltas on an earlier checkpoint's
-    #: (``bytes`` counts only what this checkpoint wrote).
-    delta_tasks: int = 0
-    #: How it was triggered: "aligned", "unaligned", "stop-the-world" or "savepoint" (a
-    #: savepoint is aligned, whatever the mode).
-    mode: str = "aligned"
-    #: Tasks whose snapshot was unaligned: all of an unaligned checkpoint's, and those of
-    #: an aligned one whose alignment passed ``aligned_timeout``.
-    unaligned_tasks: int = 0
-    #: Records in flight it persisted (channel state: unaligned inputs and back-edges).
-    inflight_records: int = 0
-    inflight_bytes: int = 0  #: their size, as encoded
-    #: The longest start delay of its tasks (Flink's): from the trigger to the moment the
-    #: checkpoint's first barrier, or its trigger, reached the task, i.e. how long a barrier
-    #: spent queued behind data. Wall clocks: on one machine exact; across machines, as
-    #: good as their clocks agree.
-    max_start_delay_ms: float = 0.0
-
-
 #: JobResult keeps the statistics of this many most recent checkpoints (a long job takes
 #: millions); ``checkpoints_completed`` counts them all.
 KEEP_CHECKPOINT_STATS = 1000
+#: ... and the per-subtask details of this many.
+KEEP_SUBTASK_DETAILS = 100
 
 
 @dataclass
@@ -288,10 +271,35 @@ class JobResult:
     cancelled: bool = False  #: ``stop_when`` ended the job
     savepoint: str = ""  #: the last savepoint taken (its location)
     stopped_with_savepoint: bool = False  #: a signal stopped the job after its savepoint
+    #: Checkpoints that failed (expired) or were aborted (subsumed, a failover, the job's
+    #: end), each with its reason; the most recent KEEP_CHECKPOINT_STATS of them at least.
+    failed_checkpoints: list[CheckpointStat] = field(default_factory=list)
+    #: Every failover: the task that failed and why, the checkpoint restored, the time
+    #: until running again (the most recent KEEP_CHECKPOINT_STATS at least).
+    recoveries: list[RecoveryEvent] = field(default_factory=list)
+    dashboard_url: str = ""  #: where the live dashboard was served ("" without ``dashboard``)
 
     def add_checkpoint(self, stat: CheckpointStat) -> None:
-        """Record a completed checkpoint; memory stays bounded on a job that runs for ever."""
+        """Record a checkpoint that ended: completed ones in ``checkpoints``, the others in
+        ``failed_checkpoints``; memory stays bounded on a job that runs for ever (subtask
+        details are kept for the KEEP_SUBTASK_DETAILS newest)."""
+        if stat.status is not CheckpointStatus.COMPLETED:
+            _keep(self.failed_checkpoints, stat)
+            return
         self.checkpoints_completed += 1
-        self.checkpoints.append(stat)
-        if len(self.checkpoints) >= 2 * KEEP_CHECKPOINT_STATS:
-            del self.checkpoints[:-KEEP_CHECKPOINT_STATS]
+        _keep(self.checkpoints, stat)
+
+
+def _keep(items: list[CheckpointStat], item: CheckpointStat) -> None:
+    """Append, keeping at least the KEEP_CHECKPOINT_STATS newest (amortised trimming)."""
+    items.append(item)
+    old = len(items) - 1 - KEEP_SUBTASK_DETAILS
+    if old >= 0 and items[old].subtasks:
+        items[old] = dataclasses.replace(items[old], subtasks=())
+    if len(items) >= 2 * KEEP_CHECKPOINT_STATS:
+        del items[:-KEEP_CHECKPOINT_STATS]
+
+
+__all__ = ["JobConfig", "JobResult", "CheckpointStat", "CheckpointStatus", "SubtaskStat", "RecoveryEvent",
+           "KEEP_CHECKPOINT_STATS",
+           "KEEP_SUBTASK_DETAILS"]

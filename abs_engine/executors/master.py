@@ -51,7 +51,10 @@ from ..errors import (AbsEngineError, CheckpointError, CheckpointErrorReason, Jo
                       ProtocolErrorReason)
 from ..graph import LogicalGraph
 from ..plan import Plan
-from .config import CheckpointStat, JobConfig, JobResult
+from ..monitor.model import CheckpointStatus
+from ..monitor.store import StatsWriter
+from ..monitor.tracker import JobState, JobTracker
+from .config import JobConfig, JobResult
 from .launcher import Launcher, WorkerProcess
 
 if TYPE_CHECKING:
@@ -93,28 +96,6 @@ class WorkerFailure(Exception):
 
 
 @dataclass
-class _AckTotals:
-    """A checkpoint's acknowledgements summed up for its CheckpointStat."""
-
-    sync_ms: float = 0.0  #: the slowest task's
-    async_ms: float = 0.0
-    unaligned_tasks: int = 0
-    inflight_records: int = 0
-    inflight_bytes: int = 0
-    triggered_at: float | None = None  #: wall time of the trigger (None: not this driver's)
-    start_delay_ms: float = 0.0  #: the longest: trigger to a task's first barrier
-
-    def add(self, ack: messages.Ack) -> None:
-        if self.triggered_at is not None and ack.first_seen:
-            self.start_delay_ms = max(self.start_delay_ms, (ack.first_seen - self.triggered_at) * 1000)
-        self.sync_ms = max(self.sync_ms, ack.sync_ms)
-        self.async_ms = max(self.async_ms, ack.async_ms)
-        self.unaligned_tasks += int(ack.unaligned)
-        self.inflight_records += ack.logged
-        self.inflight_bytes += ack.inflight_bytes
-
-
-@dataclass
 class Worker:
     task: str
     proc: WorkerProcess
@@ -149,8 +130,10 @@ class JobMaster:
         self.stop_requested = False  #: a signal asked for stop-with-savepoint
         self.savepoint_requested = False  #: a signal asked for a savepoint (and to go on)
         self.storage: CheckpointStorage | None = None  #: the job's checkpoint storage, while it runs
-        #: checkpoint id -> (slowest task-thread share, slowest async part) of the acks so far, in ms
-        self.snapshot_ms: dict[int, _AckTotals] = {}  #: per checkpoint in progress: its acks so far
+        #: What the dashboard, the metrics and the stored statistics show (monitor/).
+        self.tracker = JobTracker(plan, config.mode, config.checkpoint_interval if config.mode != "none" else None)
+        self.stats_writer: StatsWriter | None = None
+        self.highest_id = 0  #: the highest checkpoint id triggered in this run
         #: (operator, record digest) of failures seen: the same again after a restart is a poison record.
         self.failed_records: set[tuple[str | None, str]] = set()
         self.consecutive_expired = 0
@@ -174,11 +157,24 @@ class JobMaster:
                     start()
                     started.append(t)
             self.code = codeship.ship(self.graph)
-            with self._stop_on_signals():
+            with self._stop_on_signals(), self._dashboard():
                 return self._run()
         finally:
             for t in started:
                 t.driver_stop()
+
+    @contextlib.contextmanager
+    def _dashboard(self) -> Iterator[None]:
+        """Serve the live dashboard and metrics while the job runs (``dashboard=PORT``)."""
+        if self.config.dashboard is None:
+            yield
+            return
+        from ..monitor.dashboard import Dashboard
+
+        with Dashboard(self.tracker, self.config.dashboard_host, self.config.dashboard) as board:
+            self.result.dashboard_url = board.url
+            print(f"[{self.plan.job}] dashboard: {board.url}", file=sys.stderr, flush=True)
+            yield
 
     @contextlib.contextmanager
     def _stop_on_signals(self) -> Iterator[None]:
@@ -231,16 +227,32 @@ class JobMaster:
                     "of an earlier run: pass resume=True (--resume) to continue from them, or use an empty directory",
                 )
             self.started = time.monotonic()
+            if not temp:
+                self.stats_writer = StatsWriter(location)
+            state = JobState.FAILED
             try:
                 self._attempts(storage)
+                state = JobState.CANCELED if self.result.cancelled else JobState.FINISHED
             except KeyboardInterrupt as e:  # the workers were stopped on the way out (_attempt)
+                state = JobState.CANCELED
                 raise self._interrupted(e, None if temp else storage.shown) from None
+            finally:
+                self._ended(state)
             self.result.duration_s = time.monotonic() - self.started
             return self.result
         finally:
             lock.release()
             if temp:
                 shutil.rmtree(location, ignore_errors=True)
+
+    def _ended(self, state: JobState) -> None:
+        """The job is over: pending checkpoints aborted, the statistics stored a last time."""
+        for stat in self.tracker.abort_pending(f"the job ended ({state.value.lower()})"):
+            self.result.add_checkpoint(stat)
+        self.tracker.set_source_records(self.count_source_records())
+        self.tracker.finished(state)
+        if self.stats_writer is not None:
+            self.stats_writer.write(self.tracker, force=True)
 
     def _interrupted(self, e: KeyboardInterrupt, kept: str | None) -> JobInterrupted:
         why = str(e) or "interrupted"
@@ -265,7 +277,7 @@ class JobMaster:
                                                      operators={o.name for o in self.plan.operators})
                 if not self.job_id:
                     self.job_id = (meta.job_id if meta is not None and meta.job_id else uuid.uuid4().hex[:16])
-                    self.result.job_id = self.job_id
+                    self.result.job_id = self.tracker.job_id = self.job_id
                 for err in skipped:
                     msg = f"skipping checkpoint {err.checkpoint_id}: {err}"
                     self.result.skipped_checkpoints.append(msg)
@@ -279,11 +291,16 @@ class JobMaster:
                     restore_root = sp_storage.root
                     if not self.job_id:
                         self.job_id = meta.job_id or uuid.uuid4().hex[:16]
-                        self.result.job_id = self.job_id
+                        self.result.job_id = self.tracker.job_id = self.job_id
                 if meta is not None:
                     self.result.restored_from.append(meta.checkpoint_id)
+                self.tracker.attempt_started(attempt, meta.checkpoint_id if meta is not None else None,
+                                             savepoint=restore_root != storage.root)
+                self.result.recoveries = list(self.tracker.recoveries)
                 # Above the restored id too: sinks hold epochs by checkpoint id (a savepoint's may be higher).
-                next_id = max([*storage.ids_on_disk(), meta.checkpoint_id if meta else 0]) + 1
+                # ... and above every id this run triggered: an id names one checkpoint in the
+                # statistics (one aborted by the failover is not reused after it).
+                next_id = max([*storage.ids_on_disk(), meta.checkpoint_id if meta else 0, self.highest_id]) + 1
                 try:
                     self._attempt(attempt, listener, storage, meta, next_id, restore_root)
                     return
@@ -293,6 +310,8 @@ class JobMaster:
                     return
                 except WorkerFailure as f:
                     self.result.failures.append(str(f))
+                    for stat in self.tracker.abort_pending(f"job failover: {f}"):
+                        self.result.add_checkpoint(stat)
                     if f.operator is None:
                         self.result.workers_lost += 1  # died (a signal, a crash) or went silent
                     if f.operator == "<restore>" and meta is not None:
@@ -314,6 +333,9 @@ class JobMaster:
                         raise JobFailed(f"job {self.plan.job!r} {why}: {f}", f.operator, f.traceback) from None
                     attempt += 1
                     self.result.restarts += 1
+                    self.tracker.failed_over(f.task, str(f), attempt)
+                    if self.stats_writer is not None:
+                        self.stats_writer.write(self.tracker, force=True)
                     self._log(f"restarting (attempt {attempt} of {cfg.restart_attempts}) after: {f}")
                     if cfg.restart_delay:
                         time.sleep(cfg.restart_delay)  # the restart strategy's delay, not synchronisation
@@ -443,6 +465,7 @@ class JobMaster:
             sel.close()
             for s in pending:
                 s.close()
+        self.tracker.workers_connected({t: w.hello_pid or w.proc.pid for t, w in workers.items()})
         return peers
 
     def _send(self, w: Worker, msg: messages.Message) -> None:
@@ -567,6 +590,8 @@ class JobMaster:
                     if all(w.running for w in workers.values()):
                         started = True
                         self.result.running_after_s = time.monotonic() - self.started
+                        self.tracker.all_running()
+                        self.result.recoveries = list(self.tracker.recoveries)
                         coord.start()
                     elif now > running_deadline:
                         late = sorted(t for t, w in workers.items() if not w.running)
@@ -580,14 +605,20 @@ class JobMaster:
                         coord.request_savepoint(stop=False)
                     for task, m in coord.poll():
                         self._send(workers[task], m)
+                    self._track_triggers(coord)
                     self._on_expired(coord)
                 self._check_alive(workers)
                 self._check_heartbeats(workers, now)
                 if cfg.stop_when is not None and cfg.stop_when(self.result):
                     raise JobCancelled()
-                if cfg.progress and time.monotonic() >= next_progress:
+                if time.monotonic() >= next_progress:
                     next_progress = time.monotonic() + 1.0
-                    self._print_progress(coord)
+                    self.tracker.set_source_records(self.count_source_records())
+                    if cfg.progress:
+                        self._print_progress(coord)
+                self.tracker.tick(time.monotonic())
+                if self.stats_writer is not None:
+                    self.stats_writer.write(self.tracker)
         finally:
             sel.close()
         if cfg.progress:
@@ -613,6 +644,13 @@ class JobMaster:
         else:
             coord.savepoint_id = None  # the next request takes a new one
 
+    def _track_triggers(self, coord: CheckpointCoordinator) -> None:
+        """Tell the tracker of checkpoints the coordinator has just triggered."""
+        for cid in coord.pending:
+            self.highest_id = max(self.highest_id, cid)
+            if cid not in self.tracker.pending and cid in coord.triggered_at:
+                self.tracker.triggered(cid, coord.modes.get(cid, "aligned"), coord.triggered_at[cid], len(coord.tasks))
+
     def _on_expired(self, coord: CheckpointCoordinator) -> None:
         """Report expired checkpoints with the tasks they waited for; fail over after too
         many in a row (tolerable_failed_checkpoints)."""
@@ -621,8 +659,11 @@ class JobMaster:
             self.result.checkpoints_expired += 1
             self.consecutive_expired += 1
             shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-            self._log(f"checkpoint {cid} expired after checkpoint_timeout={self.config.checkpoint_timeout:g}s; "
-                      f"not acknowledged by: {shown}")
+            why = (f"expired after checkpoint_timeout={self.config.checkpoint_timeout:g}s; "
+                   f"not acknowledged by: {shown}")
+            self._log(f"checkpoint {cid} {why}")
+            if (stat := self.tracker.ended(cid, CheckpointStatus.FAILED, why)) is not None:
+                self.result.add_checkpoint(stat)
             if tolerable is not None and self.consecutive_expired > tolerable:
                 coord.expired.clear()
                 raise WorkerFailure(missing[0] if missing else "*", None,
@@ -649,27 +690,18 @@ class JobMaster:
                     workers: dict[str, Worker]) -> None:
         if isinstance(msg, messages.Running):
             w.running = True
+            self.tracker.task_running(msg.task)
         elif isinstance(msg, messages.Progress):
             self.source_progress[msg.task] = msg.records_in
         elif isinstance(msg, messages.Ack):
+            self.tracker.acknowledged(msg, time.time())
             outcome, meta = coord.on_ack(msg)
-            totals = self.snapshot_ms.get(msg.checkpoint_id)
-            if totals is None:
-                totals = self.snapshot_ms[msg.checkpoint_id] = _AckTotals(
-                    triggered_at=coord.triggered_at.get(msg.checkpoint_id))
-            totals.add(msg)
             if meta is not None:
                 self.consecutive_expired = 0
                 if meta.checkpoint_id == coord.savepoint_id or (meta.final and coord.savepoint_requested):
                     self._savepoint(coord, meta)  # (the job's final checkpoint came first: it is the savepoint)
-                acks = self.snapshot_ms.pop(meta.checkpoint_id)
-                for old in [c for c in self.snapshot_ms if c < meta.checkpoint_id]:
-                    del self.snapshot_ms[old]  # aborted or expired ones: bounded
-                self.result.add_checkpoint(CheckpointStat(
-                    meta.checkpoint_id, meta.duration_ms, sum(e.size for e in meta.tasks.values()),
-                    max(meta.alignment_ms.values(), default=0.0), meta.final, acks.sync_ms, acks.async_ms,
-                    len(meta.chains), coord.mode_of(meta.checkpoint_id), acks.unaligned_tasks, acks.inflight_records,
-                    acks.inflight_bytes, acks.start_delay_ms))
+                for ended in self.tracker.completed(meta, coord.mode_of(meta.checkpoint_id)):
+                    self.result.add_checkpoint(ended)  # it, and those it subsumed
                 for task, m in coord.notifications(meta):
                     self._send(workers[task], m)
                 self._chaos_on_checkpoint(meta.checkpoint_id, workers)
@@ -679,6 +711,7 @@ class JobMaster:
                     for task, m in coord.end_loop_messages(coord.just_drained):
                         self._send(workers[task], m)
         elif isinstance(msg, messages.Finished):
+            self.tracker.task_finished(msg.task, msg.records_in, msg.records_out)
             if msg.task in self.source_tasks:
                 self.source_progress[msg.task] = msg.records_in
             for task, m in coord.on_finished(msg.task):
@@ -692,7 +725,8 @@ class JobMaster:
         elif isinstance(msg, messages.Committed):
             w.committed = True
         elif isinstance(msg, messages.Heartbeat):
-            pass  # last_heard is updated for every frame
+            if msg.records_in >= 0:  # (last_heard is updated for every frame)
+                self.tracker.task_metrics(msg.task, msg.records_in, msg.records_out, msg.send_s, time.monotonic())
         elif isinstance(msg, messages.Skipped):
             self.result.skipped_records += 1
             if self.result.skipped_records <= 100:

@@ -43,7 +43,7 @@ def tune(sock: socket.socket, buffer: int = 0) -> None:
 
 
 class OutputChannel:
-    __slots__ = ("id", "wire", "sock", "while_blocked", "records")
+    __slots__ = ("id", "wire", "sock", "while_blocked", "records", "send_s")
 
     def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes,
                  timeout: float = auth.HANDSHAKE_TIMEOUT, material: Material | None = None, buffer: int = 0):
@@ -65,8 +65,18 @@ class OutputChannel:
         #: loop of full channels cannot deadlock.
         self.while_blocked: Callable[[socket.socket], None] | None = None
         self.records = 0  #: records sent (stop-the-world counts them to prove quiescence)
+        #: Seconds spent in send(): copying into the kernel's buffer (microseconds a frame)
+        #: and waiting while it is full, i.e. backpressure (the dashboard's share of time).
+        self.send_s = 0.0
 
     def send(self, data: bytes) -> None:
+        started = time.perf_counter()
+        try:
+            self._send(data)
+        finally:
+            self.send_s += time.perf_counter() - started
+
+    def _send(self, data: bytes) -> None:
         if self.while_blocked is None:
             self.wire.sendall(data)
             return

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import Callable
 
 from .. import messages
 from .control import ControlLink
@@ -61,6 +62,9 @@ class Watchdog:
         self.parent = os.getppid()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        #: Set once the task is built: its counters (records in, out, seconds sending), read
+        #: without a lock (ints and floats the task thread replaces whole, under the GIL).
+        self.counters: Callable[[], tuple[int, int, float]] | None = None
 
     def start(self) -> None:
         self.thread.start()
@@ -85,7 +89,9 @@ class Watchdog:
             if os.getppid() != self.parent:
                 os._exit(1)  # the driver that started us is gone
             try:
-                self.control.send(messages.Heartbeat(self.task))
+                counters = self.counters
+                self.control.send(messages.Heartbeat(self.task, *counters()) if counters is not None
+                                  else messages.Heartbeat(self.task))
             except OSError:
                 os._exit(1)  # the driver closed the control connection
             failed = self.check_once(time.monotonic())

@@ -149,6 +149,8 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
                 replay, restored_finished, activity, _file_tag(deploy.fence, generation), deploy.snapshot_encoding,
                 deploy.incremental, deploy.aligned_timeout if deploy.aligned_timeout >= 0 else None,
                 deploy.unaligned, deploy.channel_state_memory if deploy.channel_state_memory >= 0 else None)
+    channels = [ch for out in outputs for ch in out.channels]
+    watchdog.counters = lambda: (task.records_in, task.records_out, sum(ch.send_s for ch in channels))
     control.send(messages.Running(task_id))
     task.run()
     writer.flush()

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from abs_engine.executors.config import CheckpointStat, JobConfig, JobResult
+from abs_engine.executors.config import JobConfig, JobResult
+from abs_engine.monitor.model import CheckpointStat, RecoveryEvent, SubtaskStat
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -68,10 +69,12 @@ def test_every_job_option_and_result_field_is_documented() -> None:
     doc = JobConfig.__doc__ or ""
     missing = [f.name for f in dataclasses.fields(JobConfig) if f"``{f.name}``" not in doc]
     assert not missing, f"JobConfig options without an entry in its docstring: {missing}"
-    attr_docs = ModuleAnalyzer.for_module("abs_engine.executors.config").find_attr_docs()
-    for cls in (JobResult, CheckpointStat):
-        undocumented = [f.name for f in dataclasses.fields(cls) if (cls.__name__, f.name) not in attr_docs]
-        assert not undocumented, f"{cls.__name__} fields without a #: comment: {undocumented}"
+    for module, classes in (("abs_engine.executors.config", (JobResult,)),
+                            ("abs_engine.monitor.model", (CheckpointStat, SubtaskStat, RecoveryEvent))):
+        attr_docs = ModuleAnalyzer.for_module(module).find_attr_docs()
+        for cls in classes:
+            undocumented = [f.name for f in dataclasses.fields(cls) if (cls.__name__, f.name) not in attr_docs]
+            assert not undocumented, f"{cls.__name__} fields without a #: comment: {undocumented}"
 
 
 def test_the_readme_links_the_reference_and_the_tutorial() -> None:

@@ -1,0 +1,194 @@
+"""The JSON documents of a job's statistics: what the dashboard's API serves, what is stored
+beside the checkpoints and what ``abs-engine report`` draws. Field names are Flink's REST
+API's where Flink has one (``/jobs/:id/checkpoints``: ``counts``, ``summary``, ``latest``,
+``history``; per checkpoint ``end_to_end_duration``, ``state_size``, ``checkpointed_size``,
+``persisted_data``; per subtask ``checkpoint.sync``, ``alignment.duration``,
+``start_delay``). Times are milliseconds since the epoch; durations milliseconds.
+
+Every function here is called with the tracker's lock held and only reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import networkx as nx
+
+from ..plan import Plan
+from .model import CheckpointStat, CheckpointStatus, RecoveryEvent, SubtaskStat
+
+if TYPE_CHECKING:
+    from .tracker import JobTracker
+
+VERSION = 1  #: of the stored document's layout
+HISTORY = 100  #: checkpoints listed in the API's history (the newest)
+
+_TYPES = {"aligned": "CHECKPOINT", "unaligned": "UNALIGNED_CHECKPOINT", "savepoint": "SAVEPOINT",
+          "stop-the-world": "STOP_THE_WORLD"}
+
+
+def graph(plan: Plan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Vertices (chains: Flink's job vertices) and the edges between them, each vertex in
+    the column of its longest path from a source over forward edges (back-edges left out)."""
+    chain_of = {op: c.name for c in plan.chains for op in c.operators}
+    g = nx.DiGraph()
+    g.add_nodes_from(c.name for c in plan.chains)
+    edges = []
+    for e in plan.edges:
+        a, b = chain_of[e.src], chain_of[e.dst]
+        if not e.back_edge:
+            g.add_edge(a, b)
+        edges.append({"source": a, "target": b, "ship_strategy": e.partition.upper(), "back_edge": e.back_edge})
+    layer: dict[str, int] = {}
+    for n in nx.topological_sort(g):
+        layer[n] = max((layer[p] + 1 for p in g.predecessors(n)), default=0)
+    tasks: dict[str, list[str]] = {}
+    for t in sorted(plan.tasks, key=lambda t: t.index):
+        tasks.setdefault(t.chain, []).append(t.id)
+    vertices = [{"id": c.name, "name": " -> ".join(c.operators), "operators": list(c.operators),
+                 "parallelism": c.parallelism, "is_source": c.is_source, "loop": c.loop, "layer": layer[c.name],
+                 "tasks": tasks.get(c.name, [])} for c in plan.chains]
+    return vertices, edges
+
+
+def job(tr: "JobTracker") -> dict[str, Any]:
+    now = tr.clock()
+    end = tr.end_time
+    return {
+        "jid": tr.job_id, "name": tr.plan.job, "state": tr.state.value,
+        "start-time": _ms(tr.start_time), "end-time": _ms(end) if end is not None else -1,
+        "duration": _ms((end if end is not None else now) - tr.start_time), "now": _ms(now),
+        "mode": tr.mode, "checkpoint_interval": tr.interval, "attempt": tr.attempt, "restarts": tr.restarts,
+        "source_records": tr.source_records,
+        "vertices": tr.vertices, "edges": tr.edges,
+        "tasks": [{"id": k, "vertex": t.vertex, "subtask": t.index, "status": t.status, "pid": t.pid,
+                   "records_in": t.records_in, "records_out": t.records_out,
+                   "records_in_per_second": _num(t.in_rate), "records_out_per_second": _num(t.out_rate),
+                   "backpressure": _num(t.backpressure)} for k, t in tr.tasks.items()],
+        "throughput": {
+            "time": [t for t, _ in tr.samples],
+            "records_in_per_second": {k: [_num(s[k][0]) if k in s else 0.0 for _, s in tr.samples] for k in tr.tasks},
+            "records_out_per_second": {k: [_num(s[k][1]) if k in s else 0.0 for _, s in tr.samples] for k in tr.tasks},
+            "backpressure": {k: [_num(s[k][2]) if k in s else 0.0 for _, s in tr.samples] for k in tr.tasks},
+        },
+        "recoveries": [recovery(r) for r in tr.recoveries],
+    }
+
+
+def recovery(r: RecoveryEvent) -> dict[str, Any]:
+    return {"time": _ms(r.time), "attempt": r.attempt, "failed_task": r.failed_task, "reason": r.reason,
+            "restored_from": r.restored_from,
+            "running_after_ms": None if r.running_after_s is None else _num(r.running_after_s * 1000)}
+
+
+def entry(s: CheckpointStat) -> dict[str, Any]:
+    """One ended checkpoint, as Flink's history lists one."""
+    ctype = "UNALIGNED_CHECKPOINT" if s.mode == "aligned" and s.unaligned_tasks else _TYPES.get(s.mode, "CHECKPOINT")
+    acked = len(s.subtasks) if s.subtasks or s.status is not CheckpointStatus.COMPLETED else s.num_subtasks
+    return {
+        "id": s.checkpoint_id, "status": s.status.value, "checkpoint_type": ctype, "mode": s.mode,
+        "is_savepoint": s.mode == "savepoint", "attempt": s.attempt,
+        "trigger_timestamp": _ms(s.trigger_time), "latest_ack_timestamp": _ms(s.latest_ack_time) or None,
+        "end_to_end_duration": _num(s.duration_ms), "state_size": s.state_size, "checkpointed_size": s.bytes,
+        "persisted_data": s.inflight_bytes, "persisted_records": s.inflight_records,
+        "num_subtasks": s.num_subtasks, "num_acknowledged_subtasks": acked, "unaligned_subtasks": s.unaligned_tasks,
+        "failure_timestamp": (_ms(s.trigger_time + s.duration_ms / 1000)
+                              if s.status is not CheckpointStatus.COMPLETED else None),
+        "failure_message": s.failure or None,
+    }
+
+
+def _pending_entry(tr: "JobTracker", cid: int) -> dict[str, Any]:
+    p = tr.pending[cid]
+    subs = list(p.subtasks.values())
+    return {
+        "id": cid, "status": CheckpointStatus.IN_PROGRESS.value, "checkpoint_type": _TYPES.get(p.mode, "CHECKPOINT"),
+        "mode": p.mode, "is_savepoint": p.mode == "savepoint", "attempt": p.attempt,
+        "trigger_timestamp": _ms(p.trigger_time),
+        "latest_ack_timestamp": _ms(max(s.ack_time for s in subs)) if subs else None,
+        "end_to_end_duration": _num((tr.clock() - p.trigger_time) * 1000),
+        "state_size": sum(s.state_size for s in subs), "checkpointed_size": sum(s.state_size for s in subs),
+        "persisted_data": sum(s.persisted_bytes for s in subs),
+        "persisted_records": sum(s.persisted_records for s in subs),
+        "num_subtasks": p.num_subtasks, "num_acknowledged_subtasks": len(subs),
+        "unaligned_subtasks": sum(s.unaligned for s in subs), "failure_timestamp": None, "failure_message": None,
+    }
+
+
+def subtask(s: SubtaskStat) -> dict[str, Any]:
+    return {"task": s.task, "vertex": s.vertex, "index": s.index, "status": "COMPLETED",
+            "ack_timestamp": _ms(s.ack_time), "end_to_end_duration": _num(s.end_to_end_ms),
+            "state_size": s.state_size, "persisted_data": s.persisted_bytes,
+            "checkpoint": {"sync": _num(s.sync_ms), "async": _num(s.async_ms)},
+            "alignment": {"duration": _num(s.alignment_ms), "persisted": s.persisted_bytes},
+            "start_delay": _num(s.start_delay_ms), "unaligned_checkpoint": s.unaligned}
+
+
+def _pending_subtasks(tr: "JobTracker", acked: dict[str, SubtaskStat]) -> list[dict[str, Any]]:
+    out = []
+    for k, t in tr.tasks.items():
+        if k in acked:
+            out.append(subtask(acked[k]))
+        else:
+            out.append({"task": k, "vertex": t.vertex, "index": t.index, "status": "PENDING", "ack_timestamp": None,
+                        "end_to_end_duration": None, "state_size": 0, "persisted_data": 0,
+                        "checkpoint": {"sync": 0.0, "async": 0.0}, "alignment": {"duration": 0.0, "persisted": 0},
+                        "start_delay": 0.0, "unaligned_checkpoint": False})
+    return sorted(out, key=lambda d: (d["vertex"], d["index"]))
+
+
+def checkpoints(tr: "JobTracker") -> dict[str, Any]:
+    completed = [s for s in tr.history if s.status is CheckpointStatus.COMPLETED]
+    failed = [s for s in tr.history if s.status is not CheckpointStatus.COMPLETED]
+    savepoints = [s for s in completed if s.mode == "savepoint"]
+    counts = tr.status_counts
+    n_completed = counts[CheckpointStatus.COMPLETED]
+    n_failed = counts[CheckpointStatus.FAILED] + counts[CheckpointStatus.ABORTED]
+    history = [_pending_entry(tr, c) for c in sorted(tr.pending, reverse=True)]
+    history += [entry(s) for s in sorted(tr.history, key=lambda s: s.checkpoint_id, reverse=True)[:HISTORY]]
+    return {
+        "counts": {"restored": tr.restored, "total": n_completed + n_failed + len(tr.pending),
+                   "in_progress": len(tr.pending), "completed": n_completed, "failed": n_failed},
+        "summary": {
+            "end_to_end_duration": _summary([s.duration_ms for s in completed]),
+            "state_size": _summary([s.state_size for s in completed]),
+            "checkpointed_size": _summary([s.bytes for s in completed]),
+            "persisted_data": _summary([s.inflight_bytes for s in completed]),
+        },
+        "latest": {"completed": entry(completed[-1]) if completed else None,
+                   "savepoint": entry(savepoints[-1]) if savepoints else None,
+                   "failed": entry(failed[-1]) if failed else None,
+                   "restored": tr.latest_restored},
+        "history": history[:HISTORY],
+    }
+
+
+def checkpoint(tr: "JobTracker", cid: int) -> dict[str, Any] | None:
+    """One checkpoint with its subtasks; None if it is not (or no longer) known."""
+    if cid in tr.pending:
+        return {**_pending_entry(tr, cid), "subtasks": _pending_subtasks(tr, tr.pending[cid].subtasks)}
+    for s in reversed(tr.history):
+        if s.checkpoint_id == cid:
+            return {**entry(s), "subtasks": [subtask(x) for x in s.subtasks]}
+    return None
+
+
+def _summary(values: list[float] | list[int]) -> dict[str, float] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:  # nearest rank
+        return float(ordered[max(0, math.ceil(q * len(ordered)) - 1)])
+
+    return {"min": _num(ordered[0]), "max": _num(ordered[-1]), "avg": _num(sum(ordered) / len(ordered)),
+            "p50": _num(rank(0.5)), "p99": _num(rank(0.99))}
+
+
+def _num(x: float) -> float:
+    return round(float(x), 3)
+
+
+def _ms(t: float) -> int:
+    return int(t * 1000)

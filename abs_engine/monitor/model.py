@@ -1,0 +1,114 @@
+"""What a job's statistics are made of: per checkpoint, per subtask of a checkpoint, and per
+recovery. Frozen data, shared by ``JobResult``, the live dashboard's JSON API, the
+Prometheus metrics and the stored statistics that ``abs-engine report`` reads.
+
+Names follow Flink's checkpoint statistics where Flink has one (its REST API's
+``end_to_end_duration``, ``state_size``, ``checkpointed_size``, ``persisted_data``,
+``start_delay``, ``sync``/``async``/``alignment`` per subtask).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class CheckpointStatus(str, enum.Enum):
+    """Where a checkpoint ended (or that it has not yet)."""
+
+    IN_PROGRESS = "IN_PROGRESS"
+    COMPLETED = "COMPLETED"
+    #: It could not complete: it passed ``checkpoint_timeout`` (its failure says which tasks
+    #: had not acknowledged it).
+    FAILED = "FAILED"
+    #: It was given up for a reason outside itself: a later checkpoint completed first
+    #: (subsumed), the job failed over, or the job ended.
+    ABORTED = "ABORTED"
+
+
+@dataclass(frozen=True)
+class SubtaskStat:
+    """One task's part in one checkpoint (Flink's subtask checkpoint statistics)."""
+
+    task: str  #: the task id (``<chain>.<index>``)
+    vertex: str  #: its chain (Flink's job vertex): the operators fused into one task
+    index: int  #: its subtask index
+    ack_time: float  #: wall time (seconds since the epoch) its acknowledgement arrived
+    #: From the checkpoint's trigger to this acknowledgement, in ms.
+    end_to_end_ms: float
+    state_size: int  #: bytes of the state file it wrote for this checkpoint
+    sync_ms: float  #: on the task thread: operators' snapshot() and the copy
+    async_ms: float  #: from there to the acknowledgement: encoding (if forked) and the write
+    alignment_ms: float  #: first barrier to last (aligned); 0 when it did not align
+    #: Trigger to the moment its first barrier, or its trigger, reached the task: how long
+    #: the barrier queued behind data (0: not known).
+    start_delay_ms: float
+    persisted_records: int  #: records in flight it persisted (back-edge logs, channel state)
+    persisted_bytes: int  #: their encoded size
+    unaligned: bool  #: it took an unaligned snapshot
+
+
+@dataclass(frozen=True)
+class CheckpointStat:
+    """One checkpoint, as ``JobResult.checkpoints`` (completed ones) and
+    ``JobResult.failed_checkpoints`` (failed and aborted ones) list it."""
+
+    checkpoint_id: int  #: its number (``chk-<id>`` in the checkpoint directory)
+    duration_ms: float  #: from its trigger to its last acknowledgement (end to end)
+    #: The state it wrote, all tasks' files together (an incremental checkpoint: only its
+    #: deltas; ``state_size`` is the whole state).
+    bytes: int
+    #: The longest time a task spent aligning its barriers (first barrier to last).
+    max_alignment_ms: float
+    final: bool  #: taken at the end of a bounded job (it commits the last output)
+    #: The slowest task's share of its snapshot on the task thread (operators' snapshot()
+    #: and the copy).
+    max_sync_ms: float = 0.0
+    #: The slowest task's time from there to its acknowledgement (the encoding if forked,
+    #: the write).
+    max_async_ms: float = 0.0
+    #: Incremental checkpoints: tasks whose file holds deltas on an earlier checkpoint's
+    #: (``bytes`` counts only what this checkpoint wrote).
+    delta_tasks: int = 0
+    #: How it was triggered: "aligned", "unaligned", "stop-the-world" or "savepoint" (a
+    #: savepoint is aligned, whatever the mode).
+    mode: str = "aligned"
+    #: Tasks whose snapshot was unaligned: all of an unaligned checkpoint's, and those of
+    #: an aligned one whose alignment passed ``aligned_timeout``.
+    unaligned_tasks: int = 0
+    #: Records in flight it persisted (channel state: unaligned inputs and back-edges).
+    inflight_records: int = 0
+    inflight_bytes: int = 0  #: their size, as encoded
+    #: The longest start delay of its tasks (Flink's): from the trigger to the moment the
+    #: checkpoint's first barrier, or its trigger, reached the task, i.e. how long a barrier
+    #: spent queued behind data. Wall clocks: on one machine exact; across machines, as
+    #: good as their clocks agree.
+    max_start_delay_ms: float = 0.0
+    status: CheckpointStatus = CheckpointStatus.COMPLETED  #: completed, failed or aborted
+    failure: str = ""  #: why it failed or was aborted ("" when completed)
+    trigger_time: float = 0.0  #: wall time (seconds since the epoch) of its trigger
+    #: Wall time of its latest acknowledgement (0.0: none arrived).
+    latest_ack_time: float = 0.0
+    #: The whole state it restores: its own files and, for an incremental checkpoint, the
+    #: earlier files its deltas build on (``bytes`` is what it wrote itself).
+    state_size: int = 0
+    num_subtasks: int = 0  #: tasks that had to acknowledge it
+    attempt: int = 0  #: the attempt (0: the first; one more after each restart) that took it
+    #: Each acknowledging task's part, in task order (kept for the most recent checkpoints).
+    subtasks: tuple[SubtaskStat, ...] = ()
+
+
+@dataclass(frozen=True)
+class RecoveryEvent:
+    """A failover: which task failed and why, what the job restored, and how long until
+    it ran again."""
+
+    time: float  #: wall time (seconds since the epoch) the failure was seen
+    attempt: int  #: the attempt that started after it
+    failed_task: str  #: the task that failed ("*" when not one task: e.g. start-up)
+    reason: str  #: what happened (an exception line, an exit status, a timeout)
+    #: The checkpoint the new attempt restored (None: it started empty). Set when it starts.
+    restored_from: int | None = None
+    #: Seconds from the failure until every task of the new attempt was running again
+    #: (None: not running yet, or the job gave up).
+    running_after_s: float | None = None

@@ -1,0 +1,305 @@
+"""The driver's running record of a job: checkpoints (pending and ended, with each subtask's
+part), failovers, and per task records in and out and backpressure.
+
+The job master's thread tells it what happens; the dashboard's server thread reads JSON
+documents of it (``job_doc``, ``checkpoints_doc``, ``checkpoint_doc``). Invariants:
+- every read and write holds ``lock``, and a document is built whole under it, so a reader
+  never sees half an event;
+- memory is bounded whatever the job's length: KEEP_CHECKPOINT_STATS ended checkpoints
+  (subtask details for the KEEP_SUBTASK_DETAILS newest), as many recoveries, SAMPLES
+  throughput samples;
+- counters only grow within a run: a restarted task's counts are added to what its earlier
+  attempts reported (Prometheus counters must be monotonic).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import messages
+from ..checkpoint.storage import Metadata
+from ..executors.config import KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS
+from ..plan import Plan
+from . import docs
+from .model import CheckpointStat, CheckpointStatus, RecoveryEvent, SubtaskStat
+
+SAMPLES = 300  #: throughput samples kept, one per SAMPLE_EVERY seconds
+SAMPLE_EVERY = 1.0
+
+
+class JobState(str, enum.Enum):
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    CANCELED = "CANCELED"
+
+
+@dataclass
+class TaskMetrics:
+    """One task's counters as its heartbeats report them, and the rates between two."""
+
+    vertex: str
+    index: int
+    status: str = "DEPLOYING"
+    pid: int | None = None
+    records_in: int = 0  #: this run's, every attempt's together
+    records_out: int = 0
+    blocked_s: float = 0.0  #: seconds spent sending (blocked by backpressure, mostly)
+    base: tuple[int, int, float] = (0, 0, 0.0)  #: the totals of earlier attempts
+    last: tuple[float, int, int, float] | None = None  #: (monotonic time, in, out, blocked) of the last report
+    in_rate: float = 0.0
+    out_rate: float = 0.0
+    backpressure: float = 0.0  #: share of the last interval spent blocked sending, 0..1
+
+
+@dataclass
+class _Pending:
+    checkpoint_id: int
+    mode: str
+    trigger_time: float
+    num_subtasks: int
+    attempt: int
+    subtasks: dict[str, SubtaskStat] = field(default_factory=dict)
+
+
+class JobTracker:
+    def __init__(self, plan: Plan, mode: str, interval: float | None, clock: Callable[[], float] = time.time):
+        self.lock = threading.Lock()
+        self.clock = clock
+        self.plan = plan
+        self.mode = mode
+        self.interval = interval
+        self.vertices, self.edges = docs.graph(plan)
+        self.job_id = ""
+        self.state = JobState.CREATED
+        self.start_time = clock()
+        self.end_time: float | None = None
+        self.attempt = 0
+        self.restarts = 0
+        self.source_records = 0
+        self.tasks = {t.id: TaskMetrics(t.chain, t.index) for t in plan.tasks}
+        self.pending: dict[int, _Pending] = {}
+        self.history: collections.deque[CheckpointStat] = collections.deque(maxlen=KEEP_CHECKPOINT_STATS)
+        self.status_counts: collections.Counter[CheckpointStatus] = collections.Counter()
+        self.restored = 0  #: attempts that restored a checkpoint
+        self.latest_restored: dict[str, Any] | None = None
+        self.recoveries: collections.deque[RecoveryEvent] = collections.deque(maxlen=KEEP_CHECKPOINT_STATS)
+        self.samples: collections.deque[tuple[float, dict[str, tuple[float, float, float]]]] = \
+            collections.deque(maxlen=SAMPLES)
+        self.next_sample = 0.0
+        self.version = 0  #: grows with every change (the stored file is rewritten only then)
+        #: Called (under no lock) with each checkpoint that ends: the Prometheus metrics.
+        self.listeners: list[Callable[[CheckpointStat], None]] = []
+
+    # ---- events, from the job master's thread ----------------------------------------------
+
+    def attempt_started(self, attempt: int, restored_from: int | None, savepoint: bool = False) -> None:
+        with self.lock:
+            self.version += 1
+            self.attempt = attempt
+            for t in self.tasks.values():
+                t.base = (t.records_in, t.records_out, t.blocked_s)
+                t.status, t.pid, t.last = "DEPLOYING", None, None
+                t.in_rate = t.out_rate = t.backpressure = 0.0
+            if restored_from is not None:
+                self.restored += 1
+                self.latest_restored = {"id": restored_from, "restore_timestamp": _ms(self.clock()),
+                                        "is_savepoint": savepoint}
+            if self.recoveries and self.recoveries[-1].attempt == attempt:
+                self.recoveries[-1] = dataclasses.replace(self.recoveries[-1], restored_from=restored_from)
+
+    def workers_connected(self, pids: dict[str, int | None]) -> None:
+        with self.lock:
+            self.version += 1
+            for task, pid in pids.items():
+                if task in self.tasks:
+                    self.tasks[task].pid = pid
+
+    def task_running(self, task: str) -> None:
+        with self.lock:
+            self.version += 1
+            self.tasks[task].status = "RUNNING"
+
+    def all_running(self) -> None:
+        with self.lock:
+            self.version += 1
+            self.state = JobState.RUNNING
+            if self.recoveries and self.recoveries[-1].attempt == self.attempt \
+                    and self.recoveries[-1].running_after_s is None:
+                r = self.recoveries[-1]
+                self.recoveries[-1] = dataclasses.replace(r, running_after_s=max(0.0, self.clock() - r.time))
+
+    def task_metrics(self, task: str, records_in: int, records_out: int, blocked_s: float, now: float) -> None:
+        """A heartbeat's counters (this attempt's, cumulative); ``now`` is monotonic."""
+        with self.lock:
+            t = self.tasks[task]
+            if t.last is not None and now > t.last[0]:
+                dt = now - t.last[0]
+                t.in_rate = max(0.0, records_in - t.last[1]) / dt
+                t.out_rate = max(0.0, records_out - t.last[2]) / dt
+                t.backpressure = min(1.0, max(0.0, blocked_s - t.last[3]) / dt)
+            t.last = (now, records_in, records_out, blocked_s)
+            self._set_counts(t, records_in, records_out, blocked_s)
+
+    def task_finished(self, task: str, records_in: int, records_out: int) -> None:
+        with self.lock:
+            self.version += 1
+            t = self.tasks[task]
+            t.status = "FINISHED"
+            t.in_rate = t.out_rate = t.backpressure = 0.0
+            self._set_counts(t, records_in, records_out, t.blocked_s - t.base[2])
+
+    @staticmethod
+    def _set_counts(t: TaskMetrics, records_in: int, records_out: int, blocked_s: float) -> None:
+        t.records_in = max(t.records_in, t.base[0] + records_in)
+        t.records_out = max(t.records_out, t.base[1] + records_out)
+        t.blocked_s = max(t.blocked_s, t.base[2] + blocked_s)
+
+    def set_source_records(self, n: int) -> None:
+        with self.lock:
+            self.source_records = n
+
+    def triggered(self, checkpoint_id: int, mode: str, trigger_time: float, num_subtasks: int) -> None:
+        with self.lock:
+            self.version += 1
+            self.pending[checkpoint_id] = _Pending(checkpoint_id, mode, trigger_time, num_subtasks, self.attempt)
+
+    def acknowledged(self, ack: messages.Ack, now: float) -> None:
+        """A task's acknowledgement (``now``: wall time it arrived)."""
+        with self.lock:
+            p = self.pending.get(ack.checkpoint_id)
+            if p is None or ack.task not in self.tasks:
+                return
+            self.version += 1
+            t = self.tasks[ack.task]
+            start_delay = max(0.0, (ack.first_seen - p.trigger_time) * 1000) if ack.first_seen else 0.0
+            p.subtasks[ack.task] = SubtaskStat(
+                ack.task, t.vertex, t.index, now, max(0.0, (now - p.trigger_time) * 1000), ack.size, ack.sync_ms,
+                ack.async_ms, ack.alignment_ms, start_delay, ack.logged, ack.inflight_bytes, ack.unaligned)
+
+    def completed(self, meta: Metadata, mode: str) -> list[CheckpointStat]:
+        """Checkpoint ``meta`` completed: its statistics and those of the pending ones before
+        it, which it subsumed (for ``JobResult``)."""
+        with self.lock:
+            p = self.pending.pop(meta.checkpoint_id, None) or _Pending(
+                meta.checkpoint_id, mode, meta.created - meta.duration_ms / 1000, len(meta.tasks), self.attempt)
+            subs = tuple(sorted(p.subtasks.values(), key=lambda s: (s.vertex, s.index)))
+            written = sum(e.size for e in meta.tasks.values())
+            stat = CheckpointStat(
+                meta.checkpoint_id, meta.duration_ms, written, max(meta.alignment_ms.values(), default=0.0),
+                meta.final, max((s.sync_ms for s in subs), default=0.0), max((s.async_ms for s in subs), default=0.0),
+                len(meta.chains), mode, sum(s.unaligned for s in subs), sum(s.persisted_records for s in subs),
+                sum(s.persisted_bytes for s in subs), max((s.start_delay_ms for s in subs), default=0.0),
+                CheckpointStatus.COMPLETED, "", p.trigger_time, max((s.ack_time for s in subs), default=meta.created),
+                written + sum(r.size for refs in meta.chains.values() for r in refs), p.num_subtasks, p.attempt, subs)
+            ended = [self._end(stat)]
+            for cid in [c for c in self.pending if c < meta.checkpoint_id]:
+                ended.append(self._end(self._aborted(self.pending.pop(cid), CheckpointStatus.ABORTED,
+                                                     f"subsumed by checkpoint {meta.checkpoint_id}")))
+        self._notify(ended)
+        return ended
+
+    def ended(self, checkpoint_id: int, status: CheckpointStatus, reason: str) -> CheckpointStat | None:
+        """A pending checkpoint failed or was aborted; None if it was not pending."""
+        with self.lock:
+            p = self.pending.pop(checkpoint_id, None)
+            if p is None:
+                return None
+            stat = self._end(self._aborted(p, status, reason))
+        self._notify([stat])
+        return stat
+
+    def abort_pending(self, reason: str) -> list[CheckpointStat]:
+        """Every pending checkpoint, aborted (a failover, the job's end)."""
+        with self.lock:
+            out = [self._end(self._aborted(self.pending.pop(c), CheckpointStatus.ABORTED, reason))
+                   for c in sorted(self.pending)]
+        self._notify(out)
+        return out
+
+    def failed_over(self, task: str, reason: str, next_attempt: int) -> None:
+        """The attempt failed and attempt ``next_attempt`` will start."""
+        with self.lock:
+            self.version += 1
+            self.state = JobState.RESTARTING
+            self.restarts += 1
+            if task in self.tasks:
+                self.tasks[task].status = "FAILED"
+            self.recoveries.append(RecoveryEvent(self.clock(), next_attempt, task, reason))
+
+    def finished(self, state: JobState) -> None:
+        with self.lock:
+            self.version += 1
+            self.state = state
+            self.end_time = self.clock()
+            for t in self.tasks.values():
+                t.in_rate = t.out_rate = t.backpressure = 0.0
+
+    def tick(self, now: float) -> None:
+        """Take a throughput sample if one is due (``now``: monotonic)."""
+        if now < self.next_sample:
+            return
+        with self.lock:
+            self.next_sample = now + SAMPLE_EVERY
+            self.samples.append((_ms(self.clock()), {k: (t.in_rate, t.out_rate, t.backpressure)
+                                                     for k, t in self.tasks.items()}))
+
+    # ---- helpers (lock held) -------------------------------------------------------------------
+
+    def _aborted(self, p: _Pending, status: CheckpointStatus, reason: str) -> CheckpointStat:
+        subs = tuple(sorted(p.subtasks.values(), key=lambda s: (s.vertex, s.index)))
+        return CheckpointStat(
+            p.checkpoint_id, max(0.0, (self.clock() - p.trigger_time) * 1000), sum(s.state_size for s in subs),
+            max((s.alignment_ms for s in subs), default=0.0), False,
+            max((s.sync_ms for s in subs), default=0.0), max((s.async_ms for s in subs), default=0.0), 0, p.mode,
+            sum(s.unaligned for s in subs), sum(s.persisted_records for s in subs),
+            sum(s.persisted_bytes for s in subs), max((s.start_delay_ms for s in subs), default=0.0),
+            status, reason, p.trigger_time, max((s.ack_time for s in subs), default=0.0),
+            sum(s.state_size for s in subs), p.num_subtasks, p.attempt, subs)
+
+    def _end(self, stat: CheckpointStat) -> CheckpointStat:
+        self.version += 1
+        self.status_counts[stat.status] += 1
+        self.history.append(stat)
+        old = len(self.history) - 1 - KEEP_SUBTASK_DETAILS
+        if old >= 0 and self.history[old].subtasks:
+            self.history[old] = dataclasses.replace(self.history[old], subtasks=())
+        return stat
+
+    def _notify(self, stats: list[CheckpointStat]) -> None:
+        for s in stats:
+            for f in self.listeners:
+                f(s)
+
+    # ---- documents, from any thread ---------------------------------------------------------------
+
+    def job_doc(self) -> dict[str, Any]:
+        with self.lock:
+            return docs.job(self)
+
+    def checkpoints_doc(self) -> dict[str, Any]:
+        with self.lock:
+            return docs.checkpoints(self)
+
+    def checkpoint_doc(self, checkpoint_id: int) -> dict[str, Any] | None:
+        with self.lock:
+            return docs.checkpoint(self, checkpoint_id)
+
+    def report_doc(self) -> dict[str, Any]:
+        """Everything ``abs-engine report`` draws, in one document (what is stored)."""
+        with self.lock:
+            return {"version": docs.VERSION, "job": docs.job(self), "checkpoints": docs.checkpoints(self),
+                    "details": {str(s.checkpoint_id): d for s in self.history if s.subtasks
+                                if (d := docs.checkpoint(self, s.checkpoint_id)) is not None}}
+
+
+def _ms(t: float) -> int:
+    return int(t * 1000)

@@ -1,0 +1,143 @@
+"""The dashboard in a real browser (Debian's chromium, headless, driven by Playwright): it
+opens on a running job, sees completed checkpoints rise, sees the restart that follows a
+SIGKILL of a worker, and logs no error to the console; the report of the finished job opens
+from disk without errors too.
+
+Skipped when /usr/bin/chromium is missing, unless ABS_ENGINE_REQUIRE_BROWSER is set (CI
+installs chromium and sets it, so there the test cannot quietly not run). Set
+ABS_ENGINE_SCREENSHOT=PATH to keep a screenshot of the dashboard (the README's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from abs_engine import cli
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+JOB = Path(__file__).with_name("dashboard_job.py")
+ROOT = Path(__file__).resolve().parents[3]
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+@pytest.fixture
+def browser():  # type: ignore[no-untyped-def]
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("ABS_ENGINE_REQUIRE_BROWSER"):
+            pytest.fail(f"{CHROMIUM} is missing (apt-get install chromium): the browser test must run here")
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def dashboard_url(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    """The address the job prints on stderr (read with a deadline: a job that fails to start
+    fails the test instead of hanging it)."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    seen = []
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stderr, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                break
+            line = proc.stderr.readline()
+            if not line:
+                break
+            seen.append(line)
+            if "dashboard: " in line:
+                return line.split("dashboard: ", 1)[1].strip()
+    raise AssertionError(f"the job printed no dashboard address: {''.join(seen)[-2000:]}")
+
+
+def api(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def number(page: Any, selector: str) -> int:
+    return int(page.text_content(selector).replace(",", ""))
+
+
+def watch_errors(page: Any) -> list[str]:
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    return errors
+
+
+def test_dashboard_of_a_running_job_and_its_report(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(JOB), str(tmp_path)], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = dashboard_url(proc)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors = watch_errors(page)
+        page.goto(url)
+        page.wait_for_function("() => document.querySelector('#job-state').textContent === 'RUNNING'",
+                               timeout=60_000)
+        page.wait_for_function("() => Number(document.querySelector('#completed-count').textContent"
+                               ".replace(/,/g, '')) >= 2", timeout=60_000)
+        assert page.locator("#job-graph").count() == 1 and number(page, "#restart-count") == 0
+        # SIGKILL a worker that is not a source: the dashboard shows the restart and its recovery
+        victim = next(t for t in api(url + "api/job")["tasks"] if t["vertex"] == "count" and t["pid"])
+        os.kill(victim["pid"], signal.SIGKILL)
+        page.wait_for_function("() => document.querySelector('#restart-count').textContent === '1'", timeout=60_000)
+        page.wait_for_function("() => document.querySelectorAll('#recovery-table tbody tr').length === 1",
+                               timeout=60_000)
+        assert victim["id"] in page.text_content("#recovery-table")
+        before = number(page, "#completed-count")
+        page.wait_for_function(f"() => Number(document.querySelector('#completed-count').textContent"
+                               f".replace(/,/g, '')) >= {before + 2}", timeout=60_000)
+        page.wait_for_function("() => document.querySelector('#job-state').textContent === 'RUNNING'",
+                               timeout=60_000)
+        # a checkpoint's subtask timeline (the page fetches the selected one's details)
+        page.wait_for_function("() => document.querySelectorAll('#timeline .timeline-row').length > 0",
+                               timeout=30_000)
+        if os.environ.get("ABS_ENGINE_SCREENSHOT"):
+            page.screenshot(path=os.environ["ABS_ENGINE_SCREENSHOT"], full_page=True)
+        assert errors == []
+        page.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)  # stop with a savepoint, its sinks committed
+        try:
+            proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+
+    out = tmp_path / "report.html"
+    assert cli.main(["report", str(tmp_path / "ckpt"), "-o", str(out)]) == 0
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors = watch_errors(page)
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(out.as_uri())
+    page.wait_for_function("() => document.querySelectorAll('#checkpoint-table tbody tr').length > 0",
+                           timeout=30_000)
+    assert "report" in page.text_content("#conn-status")
+    assert number(page, "#restart-count") == 1 and page.locator("#recovery-table tbody tr").count() == 1
+    assert page.text_content("#job-state") == "FINISHED"  # stopped with a savepoint: it ended cleanly
+    assert [r for r in requests if not r.startswith("file:")] == []  # self-contained: fetches nothing
+    assert errors == []
