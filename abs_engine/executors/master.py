@@ -42,6 +42,7 @@ from ..tls import Material
 from ..wire import Wire
 from ..checkpoint import fence
 from ..checkpoint.coordinator import CheckpointCoordinator
+from ..checkpoint.pending import AckOutcome
 from ..checkpoint.lock import DirectoryLock
 from ..checkpoint.remote import RemoteStorage, control_dir, open_storage
 from ..checkpoint.rescale import restore_specs
@@ -91,6 +92,7 @@ class WorkerFailure(Exception):
         self.operator = operator
         self.traceback = traceback
         self.fatal = fatal
+        self.time = time.time()  #: when it was seen (recovery statistics: before the teardown)
         self.record = record
         self.digest = digest
 
@@ -310,7 +312,7 @@ class JobMaster:
                     return
                 except WorkerFailure as f:
                     self.result.failures.append(str(f))
-                    for stat in self.tracker.abort_pending(f"job failover: {f}"):
+                    for stat in self.tracker.abort_pending(f"job failover: {f}", at=f.time):
                         self.result.add_checkpoint(stat)
                     if f.operator is None:
                         self.result.workers_lost += 1  # died (a signal, a crash) or went silent
@@ -333,7 +335,7 @@ class JobMaster:
                         raise JobFailed(f"job {self.plan.job!r} {why}: {f}", f.operator, f.traceback) from None
                     attempt += 1
                     self.result.restarts += 1
-                    self.tracker.failed_over(f.task, str(f), attempt)
+                    self.tracker.failed_over(f.task, str(f), attempt, at=f.time)
                     if self.stats_writer is not None:
                         self.stats_writer.write(self.tracker, force=True)
                     self._log(f"restarting (attempt {attempt} of {cfg.restart_attempts}) after: {f}")
@@ -621,6 +623,8 @@ class JobMaster:
                     self.stats_writer.write(self.tracker)
         finally:
             sel.close()
+            # Every id this attempt triggered, sent or not: the next attempt starts above them.
+            self.highest_id = max(self.highest_id, coord.next_id - 1)
         if cfg.progress:
             self._print_progress(coord)
         if self.result.stopped_with_savepoint:  # every task committed it and waits: now they may go
@@ -647,7 +651,6 @@ class JobMaster:
     def _track_triggers(self, coord: CheckpointCoordinator) -> None:
         """Tell the tracker of checkpoints the coordinator has just triggered."""
         for cid in coord.pending:
-            self.highest_id = max(self.highest_id, cid)
             if cid not in self.tracker.pending and cid in coord.triggered_at:
                 self.tracker.triggered(cid, coord.modes.get(cid, "aligned"), coord.triggered_at[cid], len(coord.tasks))
 
@@ -694,14 +697,16 @@ class JobMaster:
         elif isinstance(msg, messages.Progress):
             self.source_progress[msg.task] = msg.records_in
         elif isinstance(msg, messages.Ack):
-            self.tracker.acknowledged(msg, time.time())
             outcome, meta = coord.on_ack(msg)
+            if outcome is AckOutcome.SUCCESS:  # (a duplicate does not replace the first)
+                self.tracker.acknowledged(msg, time.time())
             if meta is not None:
                 self.consecutive_expired = 0
+                ended = self.tracker.completed(meta, coord.mode_of(meta.checkpoint_id))
+                for stat in ended:
+                    self.result.add_checkpoint(stat)  # it, and those it subsumed
                 if meta.checkpoint_id == coord.savepoint_id or (meta.final and coord.savepoint_requested):
                     self._savepoint(coord, meta)  # (the job's final checkpoint came first: it is the savepoint)
-                for ended in self.tracker.completed(meta, coord.mode_of(meta.checkpoint_id)):
-                    self.result.add_checkpoint(ended)  # it, and those it subsumed
                 for task, m in coord.notifications(meta):
                     self._send(workers[task], m)
                 self._chaos_on_checkpoint(meta.checkpoint_id, workers)

@@ -92,7 +92,8 @@ class Dashboard:
         try:
             self.metrics = JobMetrics(tracker)
             app = make_app(tracker, self.metrics, allowed)
-            self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+            self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                                        log_config=None))
         except BaseException:
             self.sock.close()
             raise

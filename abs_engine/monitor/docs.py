@@ -59,21 +59,26 @@ def job(tr: "JobTracker") -> dict[str, Any]:
         "jid": tr.job_id, "name": tr.plan.job, "state": tr.state.value,
         "start-time": _ms(tr.start_time), "end-time": _ms(end) if end is not None else -1,
         "duration": _ms((end if end is not None else now) - tr.start_time), "now": _ms(now),
-        "mode": tr.mode, "checkpoint_interval": tr.interval, "attempt": tr.attempt, "restarts": tr.restarts,
+        "mode": tr.mode, "checkpoint_interval": None if tr.interval is None else _num(tr.interval), "attempt": tr.attempt, "restarts": tr.restarts,
         "source_records": tr.source_records,
         "vertices": tr.vertices, "edges": tr.edges,
         "tasks": [{"id": k, "vertex": t.vertex, "subtask": t.index, "status": t.status, "pid": t.pid,
                    "records_in": t.records_in, "records_out": t.records_out,
                    "records_in_per_second": _num(t.in_rate), "records_out_per_second": _num(t.out_rate),
                    "backpressure": _num(t.backpressure)} for k, t in tr.tasks.items()],
-        "throughput": {
-            "time": [t for t, _ in tr.samples],
-            "records_in_per_second": {k: [_num(s[k][0]) if k in s else 0.0 for _, s in tr.samples] for k in tr.tasks},
-            "records_out_per_second": {k: [_num(s[k][1]) if k in s else 0.0 for _, s in tr.samples] for k in tr.tasks},
-            "backpressure": {k: [_num(s[k][2]) if k in s else 0.0 for _, s in tr.samples] for k in tr.tasks},
-        },
+        "throughput": None,  # the caller fills it in: throughput()
         "recoveries": [recovery(r) for r in tr.recoveries],
     }
+
+
+def throughput(samples: list[tuple[float, dict[str, tuple[float, float, float]]]],
+               tasks: list[str]) -> dict[str, Any]:
+    """The throughput samples as columns: a time axis and, per task, one value per sample."""
+    def column(i: int) -> dict[str, list[float | None]]:
+        return {k: [_num(s[k][i]) if k in s else 0.0 for _, s in samples] for k in tasks}
+
+    return {"time": [t for t, _ in samples], "records_in_per_second": column(0),
+            "records_out_per_second": column(1), "backpressure": column(2)}
 
 
 def recovery(r: RecoveryEvent) -> dict[str, Any]:
@@ -174,7 +179,7 @@ def checkpoint(tr: "JobTracker", cid: int) -> dict[str, Any] | None:
     return None
 
 
-def _summary(values: list[float] | list[int]) -> dict[str, float] | None:
+def _summary(values: list[float] | list[int]) -> dict[str, float | None] | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -186,8 +191,10 @@ def _summary(values: list[float] | list[int]) -> dict[str, float] | None:
             "p50": _num(rank(0.5)), "p99": _num(rank(0.99))}
 
 
-def _num(x: float) -> float:
-    return round(float(x), 3)
+def _num(x: float) -> float | None:
+    """Rounded to a microsecond of a millisecond; None for what JSON cannot hold (inf, nan)."""
+    x = float(x)
+    return round(x, 3) if math.isfinite(x) else None
 
 
 def _ms(t: float) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from typing import Any
 
 from .dashboard import STATIC
@@ -59,7 +60,14 @@ def write_report(location: str, out: str) -> None:
     """Write the report of the job whose checkpoint directory is ``location`` to ``out``
     (CheckpointError if its statistics are missing or damaged)."""
     html = render(read_stats(location))
-    tmp = f"{out}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(html)
-    os.replace(tmp, out)
+    # A fresh temporary name (O_EXCL): a link planted where the report goes is replaced by
+    # the rename, never written through.
+    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=os.path.dirname(os.path.abspath(out)))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(html)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise

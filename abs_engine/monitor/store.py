@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -28,24 +29,72 @@ WRITE_EVERY = 2.0  #: seconds between writes while the job runs (each rewrites t
 
 
 class StatsWriter:
-    """Writes the tracker's document when it changed, at most every WRITE_EVERY seconds."""
+    """Writes the tracker's document when it changed, at most every WRITE_EVERY seconds.
+
+    The driver's thread only builds the document (under the tracker's lock); encoding and
+    the write (an fsync, or a PUT to an object store) happen on a writer thread of its own,
+    so a slow disk or store never holds up the job's coordination. The thread writes the
+    newest document it was handed (older ones are dropped unwritten); a write that fails
+    is tried again on the next period. Statistics are never worth failing a job over.
+    """
 
     def __init__(self, location: str):
         self.dir = fs.open_dir(location)
-        self.written = -1  #: the tracker version last written
+        self.taken = -1  #: the tracker version last handed to the thread
         self.next_at = 0.0
+        self.error = ""  #: why the last write failed ("" if it did not)
+        self._slot: dict[str, Any] | None = None
+        self._busy = False
+        self._cond = threading.Condition()
+        threading.Thread(target=self._run, name="stats-writer", daemon=True).start()
 
     def write(self, tracker: "JobTracker", force: bool = False) -> None:
+        """Hand the tracker's document to the writer if it changed and one is due (always
+        when ``force``, and then wait until it is written)."""
         now = time.monotonic()
-        if tracker.version == self.written or (not force and now < self.next_at):
-            return
-        self.next_at = now + WRITE_EVERY
-        self.written = tracker.version
-        data = json.dumps(tracker.report_doc(), separators=(",", ":"), allow_nan=False).encode()
-        try:
-            self.dir.put((STATS_FILE,), data)
-        except OSError:
-            pass  # statistics are not worth failing a job over; the next write tries again
+        if tracker.version != self.taken and (force or now >= self.next_at):
+            self.next_at = now + WRITE_EVERY
+            self.taken = tracker.version
+            doc = tracker.report_doc()
+            with self._cond:
+                self._slot = doc
+                self._cond.notify_all()
+        if force:
+            self.flush()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until what was handed over is written (False: still writing at the timeout)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._slot is None and not self._busy, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._slot is not None)
+                doc, self._slot, self._busy = self._slot, None, True
+            try:
+                assert doc is not None
+                data = encode(doc)
+                self.dir.put((STATS_FILE,), data)
+                self.error = ""
+            except Exception as e:  # noqa: BLE001 - a full disk, an unreachable store: retried
+                self.error = f"{type(e).__name__}: {e}"
+                self.taken = -1  # the next period writes again, changed or not
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+
+def encode(doc: dict[str, Any]) -> bytes:
+    """The stored form: compact JSON within MAX_STATS_BYTES (past it, without the per-subtask
+    details, which are what grows with the number of tasks)."""
+    data = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    if len(data) > MAX_STATS_BYTES:
+        data = json.dumps({**doc, "details": {}}, separators=(",", ":"), allow_nan=False).encode()
+    if len(data) > MAX_STATS_BYTES:
+        raise ValueError(f"the job's statistics take {len(data):,} bytes, more than {MAX_STATS_BYTES:,}")
+    return data
 
 
 def read_stats(location: str) -> dict[str, Any]:

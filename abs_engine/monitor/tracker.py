@@ -217,23 +217,25 @@ class JobTracker:
         self._notify([stat])
         return stat
 
-    def abort_pending(self, reason: str) -> list[CheckpointStat]:
-        """Every pending checkpoint, aborted (a failover, the job's end)."""
+    def abort_pending(self, reason: str, at: float | None = None) -> list[CheckpointStat]:
+        """Every pending checkpoint, aborted (a failover, the job's end) at wall time ``at``
+        (None: now)."""
         with self.lock:
-            out = [self._end(self._aborted(self.pending.pop(c), CheckpointStatus.ABORTED, reason))
+            out = [self._end(self._aborted(self.pending.pop(c), CheckpointStatus.ABORTED, reason, at))
                    for c in sorted(self.pending)]
         self._notify(out)
         return out
 
-    def failed_over(self, task: str, reason: str, next_attempt: int) -> None:
-        """The attempt failed and attempt ``next_attempt`` will start."""
+    def failed_over(self, task: str, reason: str, next_attempt: int, at: float | None = None) -> None:
+        """The attempt failed (at wall time ``at``; None: now) and attempt ``next_attempt``
+        will start."""
         with self.lock:
             self.version += 1
             self.state = JobState.RESTARTING
             self.restarts += 1
             if task in self.tasks:
                 self.tasks[task].status = "FAILED"
-            self.recoveries.append(RecoveryEvent(self.clock(), next_attempt, task, reason))
+            self.recoveries.append(RecoveryEvent(self.clock() if at is None else at, next_attempt, task, reason))
 
     def finished(self, state: JobState) -> None:
         with self.lock:
@@ -248,16 +250,17 @@ class JobTracker:
         if now < self.next_sample:
             return
         with self.lock:
+            self.version += 1  # (the stored file's throughput follows, every WRITE_EVERY)
             self.next_sample = now + SAMPLE_EVERY
             self.samples.append((_ms(self.clock()), {k: (t.in_rate, t.out_rate, t.backpressure)
                                                      for k, t in self.tasks.items()}))
 
     # ---- helpers (lock held) -------------------------------------------------------------------
 
-    def _aborted(self, p: _Pending, status: CheckpointStatus, reason: str) -> CheckpointStat:
+    def _aborted(self, p: _Pending, status: CheckpointStatus, reason: str, at: float | None = None) -> CheckpointStat:
         subs = tuple(sorted(p.subtasks.values(), key=lambda s: (s.vertex, s.index)))
         return CheckpointStat(
-            p.checkpoint_id, max(0.0, (self.clock() - p.trigger_time) * 1000), sum(s.state_size for s in subs),
+            p.checkpoint_id, max(0.0, ((self.clock() if at is None else at) - p.trigger_time) * 1000), sum(s.state_size for s in subs),
             max((s.alignment_ms for s in subs), default=0.0), False,
             max((s.sync_ms for s in subs), default=0.0), max((s.async_ms for s in subs), default=0.0), 0, p.mode,
             sum(s.unaligned for s in subs), sum(s.persisted_records for s in subs),
@@ -283,7 +286,11 @@ class JobTracker:
 
     def job_doc(self) -> dict[str, Any]:
         with self.lock:
-            return docs.job(self)
+            doc = docs.job(self)
+            samples, tasks = list(self.samples), list(self.tasks)
+        # The samples are immutable once taken: their columns are built without the lock.
+        doc["throughput"] = docs.throughput(samples, tasks)
+        return doc
 
     def checkpoints_doc(self) -> dict[str, Any]:
         with self.lock:
@@ -296,7 +303,9 @@ class JobTracker:
     def report_doc(self) -> dict[str, Any]:
         """Everything ``abs-engine report`` draws, in one document (what is stored)."""
         with self.lock:
-            return {"version": docs.VERSION, "job": docs.job(self), "checkpoints": docs.checkpoints(self),
+            job = docs.job(self)
+            job["throughput"] = docs.throughput(list(self.samples), list(self.tasks))
+            return {"version": docs.VERSION, "job": job, "checkpoints": docs.checkpoints(self),
                     "details": {str(s.checkpoint_id): d for s in self.history if s.subtasks
                                 if (d := docs.checkpoint(self, s.checkpoint_id)) is not None}}
 

@@ -43,7 +43,7 @@ def tune(sock: socket.socket, buffer: int = 0) -> None:
 
 
 class OutputChannel:
-    __slots__ = ("id", "wire", "sock", "while_blocked", "records", "send_s")
+    __slots__ = ("id", "wire", "sock", "while_blocked", "records", "send_s", "sending_since")
 
     def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes,
                  timeout: float = auth.HANDSHAKE_TIMEOUT, material: Material | None = None, buffer: int = 0):
@@ -68,13 +68,21 @@ class OutputChannel:
         #: Seconds spent in send(): copying into the kernel's buffer (microseconds a frame)
         #: and waiting while it is full, i.e. backpressure (the dashboard's share of time).
         self.send_s = 0.0
+        self.sending_since = 0.0  #: perf_counter() the send in progress began (0.0: none)
 
     def send(self, data: bytes) -> None:
-        started = time.perf_counter()
+        started = self.sending_since = time.perf_counter()
         try:
             self._send(data)
         finally:
+            self.sending_since = 0.0
             self.send_s += time.perf_counter() - started
+
+    def send_seconds(self, now: float) -> float:
+        """``send_s`` with the send in progress counted up to ``now`` (another thread reads
+        this: a producer blocked for seconds in one send shows as blocked meanwhile)."""
+        since = self.sending_since
+        return self.send_s + (now - since if since else 0.0)
 
     def _send(self, data: bytes) -> None:
         if self.while_blocked is None:

@@ -28,6 +28,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -150,7 +151,8 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
                 deploy.incremental, deploy.aligned_timeout if deploy.aligned_timeout >= 0 else None,
                 deploy.unaligned, deploy.channel_state_memory if deploy.channel_state_memory >= 0 else None)
     channels = [ch for out in outputs for ch in out.channels]
-    watchdog.counters = lambda: (task.records_in, task.records_out, sum(ch.send_s for ch in channels))
+    watchdog.counters = lambda: (task.records_in, task.records_out,
+                                 sum(ch.send_seconds(time.perf_counter()) for ch in channels))
     control.send(messages.Running(task_id))
     task.run()
     writer.flush()

@@ -53,3 +53,14 @@ def test_unaligned_bench_runs_on_tiny_inputs(tmp_path):
                                                    "unaligned 0.1s"}
     assert (out / "plots" / "unaligned_checkpoints.png").read_bytes().startswith(b"\x89PNG")
     assert "Under backpressure" in (out / "unaligned.md").read_text()
+
+
+def test_dashboard_bench_runs_on_tiny_inputs(tmp_path):
+    from benchmarks import dashboard_bench
+
+    out = tmp_path / "results"
+    assert dashboard_bench.main(["--words", "300000", "--rounds", "1", "--out", str(out)]) == 0
+    doc = json.loads((out / "dashboard.json").read_text())
+    assert set(doc["runs"]) == {"off", "on, not polled", "on, polled 1/s + /metrics"}
+    assert set(doc["overhead_median"]) == {"on, not polled", "on, polled 1/s + /metrics"}
+    assert "overhead vs off" in (out / "dashboard.md").read_text()

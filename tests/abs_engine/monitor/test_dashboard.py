@@ -96,7 +96,7 @@ def test_api_and_metrics_agree_with_the_job(tmp_path) -> None:  # type: ignore[n
     assert cps["latest"]["restored"]["id"] == restored_from[-1]
     # one checkpoint's subtasks, as the result has them
     detail, last = seen["detail"], checkpoints[-1]
-    assert detail["num_acknowledged_subtasks"] == detail["num_subtasks"] == len(res.restored_from and last.subtasks)
+    assert detail["num_acknowledged_subtasks"] == detail["num_subtasks"] == len(last.subtasks)
     assert [(d["task"], d["state_size"]) for d in detail["subtasks"]] == [(s.task, s.state_size) for s in last.subtasks]
     assert seen["missing"][0] == 404 and "999999" in seen["missing"][1]
     # the job: one recovery, from the task the chaos killed, restored from the checkpoint the result says

@@ -27,6 +27,7 @@ def test_written_when_changed_and_read_back(tmp_path) -> None:  # type: ignore[n
     tr = tracker(tmp_path)
     w = store.StatsWriter(str(tmp_path))
     w.write(tr)
+    assert w.flush()
     doc = store.read_stats(str(tmp_path))
     assert doc["job"]["jid"] == "job-1" and doc["checkpoints"]["counts"]["in_progress"] == 1
     os.remove(tmp_path / store.STATS_FILE)
@@ -36,6 +37,45 @@ def test_written_when_changed_and_read_back(tmp_path) -> None:  # type: ignore[n
     w.write(tr, force=True)
     assert store.read_stats(str(tmp_path))["checkpoints"]["counts"]["failed"] == 1
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]
+
+
+def test_a_failed_write_is_tried_again_and_never_raises(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    tr = tracker(tmp_path)
+    w = store.StatsWriter(str(tmp_path))
+    real = w.dir.put
+    calls = []
+
+    def flaky(names, data):  # type: ignore[no-untyped-def]
+        calls.append(names)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        real(names, data)
+
+    monkeypatch.setattr(w.dir, "put", flaky)
+    w.write(tr, force=True)  # fails: reported, not raised
+    assert "No space left" in w.error and not (tmp_path / store.STATS_FILE).exists()
+    w.write(tr, force=True)  # nothing changed, but the last write failed: written now
+    assert w.error == "" and store.read_stats(str(tmp_path))["job"]["jid"] == "job-1"
+    assert len(calls) == 2
+
+
+def test_non_finite_numbers_are_written_as_null(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tr = JobTracker(plan(tmp_path / "out"), "aligned", float("inf"), Clock())
+    w = store.StatsWriter(str(tmp_path))
+    w.write(tr, force=True)
+    assert w.error == "" and store.read_stats(str(tmp_path))["job"]["checkpoint_interval"] is None
+
+
+def test_a_planted_link_where_the_report_goes_is_replaced_not_written_through(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from abs_engine.monitor.report import write_report
+
+    store.StatsWriter(str(tmp_path)).write(tracker(tmp_path), force=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "report.html"
+    os.symlink(victim, out)
+    write_report(str(tmp_path), str(out))
+    assert victim.read_text() == "keep me" and not out.is_symlink() and "job-1" in out.read_text()
 
 
 def test_missing_planted_large_and_foreign_files_are_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
