@@ -1,0 +1,122 @@
+"""Nexmark queries q0-q3 as dataflows, and their batch oracles.
+
+- q0 pass-through: every bid.
+- q1 currency conversion: every bid with its price in euros (``0.908 * price``).
+- q2 selection: ``[auction, price]`` of the bids on auctions whose id is a multiple of 123.
+- q3 local item suggestion (a join): ``[name, city, state, auction]`` for every auction of
+  category 10 whose seller lives in Oregon, Idaho or California. An incremental two-input
+  join keyed by person id: a person's details wait in keyed state for their auctions, and
+  auctions that arrive before their seller wait for the seller.
+
+Each ``build_*(events, sink, parallelism, seed)`` ends in ``sink``; ``oracle_*(events, seed)``
+computes the same output in plain Python from the same generated events. Outputs are
+compared as multisets (a parallel job interleaves its subtasks' records).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from abs_engine import Dataflow
+from operators import Sink
+from operators.nexmark import AUCTION, BID, PERSON, NexmarkSource, events
+
+EURO_RATE = 0.908
+Q3_STATES = ("OR", "ID", "CA")
+Q3_CATEGORY = 10
+
+Event = list[Any]
+
+
+def is_bid(e: Event) -> bool:
+    return bool(e[0] == BID)
+
+
+def to_euro(e: Event) -> Event:
+    return [e[1], e[2], EURO_RATE * e[3], e[6]]
+
+
+def q2_pick(e: Event) -> bool:
+    return bool(e[0] == BID and e[1] % 123 == 0)
+
+
+def q2_project(e: Event) -> Event:
+    return [e[1], e[3]]
+
+
+def q3_side(e: Event) -> bool:
+    """The persons and auctions q3 joins."""
+    return bool((e[0] == PERSON and e[6] in Q3_STATES) or (e[0] == AUCTION and e[9] == Q3_CATEGORY))
+
+
+def q3_key(e: Event) -> int:
+    return int(e[1] if e[0] == PERSON else e[8])
+
+
+def q3_join(state: Any, e: Event) -> tuple[Any, list[Event]]:
+    """State per person id: ``[person or None, auction ids waiting for it]``."""
+    person, waiting = state if state is not None else (None, [])
+    if e[0] == PERSON:
+        person = [e[2], e[5], e[6]]
+        out = [[*person, a] for a in waiting]
+        return [person, []], out
+    if person is not None:
+        return [person, waiting], [[*person, e[1]]]
+    return [person, [*waiting, e[1]]], []
+
+
+def _source(flow: Dataflow, count: int, parallelism: int, seed: int) -> Any:
+    return flow.source(NexmarkSource(count, seed), "nexmark", parallelism=parallelism)
+
+
+def build_q0(count: int, sink: Sink, parallelism: int = 2, seed: int = 0) -> Dataflow:
+    flow = Dataflow("nexmark-q0", parallelism=parallelism)
+    _source(flow, count, parallelism, seed).filter(is_bid, "bids").sink(sink, "out", parallelism=1)
+    return flow
+
+
+def build_q1(count: int, sink: Sink, parallelism: int = 2, seed: int = 0) -> Dataflow:
+    flow = Dataflow("nexmark-q1", parallelism=parallelism)
+    _source(flow, count, parallelism, seed).filter(is_bid, "bids").map(to_euro, "euro").sink(sink, "out", parallelism=1)
+    return flow
+
+
+def build_q2(count: int, sink: Sink, parallelism: int = 2, seed: int = 0) -> Dataflow:
+    flow = Dataflow("nexmark-q2", parallelism=parallelism)
+    _source(flow, count, parallelism, seed).filter(q2_pick, "pick").map(q2_project, "project").sink(sink, "out", parallelism=1)
+    return flow
+
+
+def build_q3(count: int, sink: Sink, parallelism: int = 2, seed: int = 0) -> Dataflow:
+    flow = Dataflow("nexmark-q3", parallelism=parallelism)
+    (_source(flow, count, parallelism, seed).filter(q3_side, "sides").key_by(q3_key)
+     .stateful_map(q3_join, "join").flat_map(lambda kv: kv[1], "results").sink(sink, "out", parallelism=1))
+    return flow
+
+
+def oracle_q0(count: int, seed: int = 0) -> list[Event]:
+    return [e for e in events(count, seed) if is_bid(e)]
+
+
+def oracle_q1(count: int, seed: int = 0) -> list[Event]:
+    return [to_euro(e) for e in events(count, seed) if is_bid(e)]
+
+
+def oracle_q2(count: int, seed: int = 0) -> list[Event]:
+    return [q2_project(e) for e in events(count, seed) if q2_pick(e)]
+
+
+def oracle_q3(count: int, seed: int = 0) -> list[Event]:
+    evs = list(events(count, seed))
+    people = {e[1]: [e[2], e[5], e[6]] for e in evs if e[0] == PERSON and e[6] in Q3_STATES}
+    return [[*people[e[8]], e[1]] for e in evs if e[0] == AUCTION and e[9] == Q3_CATEGORY and e[8] in people]
+
+
+QUERIES: dict[str, tuple[Callable[..., Dataflow], Callable[[int, int], list[Event]]]] = {
+    "q0": (build_q0, oracle_q0), "q1": (build_q1, oracle_q1), "q2": (build_q2, oracle_q2), "q3": (build_q3, oracle_q3),
+}
+
+
+def canonical(records: list[Any]) -> list[str]:
+    """A multiset as a sorted list, for comparing outputs whatever their order."""
+    return sorted(repr(list(r)) for r in records)
