@@ -255,6 +255,7 @@ class JobMaster:
         self.tracker.finished(state)
         if self.stats_writer is not None:
             self.stats_writer.write(self.tracker, force=True)
+            self.stats_writer.close()
 
     def _interrupted(self, e: KeyboardInterrupt, kept: str | None) -> JobInterrupted:
         why = str(e) or "interrupted"

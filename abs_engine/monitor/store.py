@@ -45,8 +45,10 @@ class StatsWriter:
         self.error = ""  #: why the last write failed ("" if it did not)
         self._slot: dict[str, Any] | None = None
         self._busy = False
+        self._closed = False
         self._cond = threading.Condition()
-        threading.Thread(target=self._run, name="stats-writer", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="stats-writer", daemon=True)
+        self._thread.start()
 
     def write(self, tracker: "JobTracker", force: bool = False) -> None:
         """Hand the tracker's document to the writer if it changed and one is due (always
@@ -67,10 +69,19 @@ class StatsWriter:
         with self._cond:
             return self._cond.wait_for(lambda: self._slot is None and not self._busy, timeout)
 
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what was handed over, then end the writer thread (one job, one thread)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._slot is not None)
+                self._cond.wait_for(lambda: self._slot is not None or self._closed)
+                if self._slot is None:
+                    return  # closed, and everything handed over is written
                 doc, self._slot, self._busy = self._slot, None, True
             try:
                 assert doc is not None

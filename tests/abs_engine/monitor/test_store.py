@@ -37,6 +37,11 @@ def test_written_when_changed_and_read_back(tmp_path) -> None:  # type: ignore[n
     w.write(tr, force=True)
     assert store.read_stats(str(tmp_path))["checkpoints"]["counts"]["failed"] == 1
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]
+    tr.triggered(2, "aligned", 1000.0, 6)
+    w.write(tr, force=True)
+    w.close()  # one job, one thread: it ends with the job
+    assert not w._thread.is_alive()
+    assert store.read_stats(str(tmp_path))["checkpoints"]["counts"]["in_progress"] == 1
 
 
 def test_a_failed_write_is_tried_again_and_never_raises(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
