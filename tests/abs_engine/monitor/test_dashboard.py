@@ -141,3 +141,32 @@ def test_port_in_use_and_foreign_hosts_are_refused(tmp_path) -> None:  # type: i
         conn.close()
         assert get(board.url + "api/job")["name"] == "t"
         assert "abs_engine_checkpoints_in_progress" in get(board.url + "metrics")
+
+
+def stalls_then_fails_once(marker: str):  # type: ignore[no-untyped-def]
+    def fn(w: str) -> str:
+        if w == "fail" and not os.path.exists(marker):
+            open(marker, "w").close()
+            time.sleep(1.0)  # the workload: a slow call holds the barrier, so a checkpoint is pending
+            raise RuntimeError("failing once, with a checkpoint pending")
+        return w
+    return fn
+
+
+@pytest.mark.slow
+def test_a_checkpoint_aborted_by_a_failover_keeps_its_id(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A failover with a checkpoint pending aborts it, with its reason; the next attempt's
+    checkpoints take ids above it, so every id names one checkpoint."""
+    words = [f"w{i}" for i in range(50_000)]
+    words[20_000] = "fail"
+    flow = Dataflow("ids")
+    (flow.source(TestingSource(words), "read", parallelism=1).map(stalls_then_fails_once(str(tmp_path / "m")), "f")
+     .key_by().count("count").sink(CapturingSink(str(tmp_path / "out")), "out"))
+    res = flow.run(checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.05, restart_delay=0)
+    assert res.restarts == 1
+    aborted = [s for s in res.failed_checkpoints if s.failure.startswith("job failover")]
+    assert aborted and "failing once" in aborted[0].failure and aborted[0].attempt == 0
+    after = [s.checkpoint_id for s in res.checkpoints if s.attempt == 1]
+    assert after and min(after) > max(s.checkpoint_id for s in aborted)
+    ids = [s.checkpoint_id for s in res.checkpoints + res.failed_checkpoints]
+    assert len(ids) == len(set(ids))
