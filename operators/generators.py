@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any, Callable
 
-from .base import OperatorContext, Source
+from .base import OperatorContext, Source, T
 
 
 class Progressions:
@@ -56,35 +57,53 @@ class Progressions:
 Owns = Callable[[Any], bool]
 
 
-class RangeSource(Source[int]):
-    """The integers ``start <= i < stop``; subtask k of p emits those with i % p == k
-    (relative to start), in increasing order. Its offset is what it has left to emit
-    (``Progressions``), which is also what lets it rescale."""
+class IndexSource(Source[T]):
+    """A source of the records at indices ``0 <= i < count`` (``records`` makes them):
+    subtask k of p emits those with i % p == k, in increasing order. Its offset is what it
+    has left to emit (``Progressions``), which is also what lets it rescale."""
 
-    def __init__(self, start: int, stop: int | None = None, batch_size: int = 1000):
-        if stop is None:
-            start, stop = 0, start
-        self.start, self.stop, self.batch_size = start, stop, batch_size
+    count: int
+    batch_size: int
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
-        self.todo = Progressions.of_subtask(self.stop - self.start, ctx.subtask_index, ctx.parallelism)
+        self.todo = Progressions.of_subtask(self.count, ctx.subtask_index, ctx.parallelism)
 
-    def read_batch(self) -> list[int] | None:
+    @abstractmethod
+    def records(self, indices: range) -> list[T]:
+        """The records at ``indices``."""
+
+    def read_batch(self) -> list[T] | None:
         r = self.todo.take(self.batch_size)
-        if r is None:
-            return None
-        return list(range(self.start + r.start, self.start + r.stop, r.step))
+        return None if r is None else self.records(r)
 
     def snapshot(self, checkpoint_id: int) -> Any:
         return self.todo.state()
 
     def restore(self, state: Any) -> None:
-        if isinstance(state, int):
-            state -= self.start  # older checkpoints: the absolute next integer
-        self.todo = Progressions.from_state(self.stop - self.start, state, self.ctx.parallelism,
-                                            self.ctx.subtask_index)
+        self.todo = Progressions.from_state(self.count, state, self.ctx.parallelism, self.ctx.subtask_index)
 
     def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
-        rel = [s - self.start if isinstance(s, int) else s for s in old]
-        return Progressions.rescale(self.stop - self.start, rel, len(old), index, parallelism)
+        return Progressions.rescale(self.count, old, len(old), index, parallelism)
+
+
+class RangeSource(IndexSource[int]):
+    """The integers ``start <= i < stop``; subtask k of p emits those with i % p == k
+    (relative to start), in increasing order (an IndexSource)."""
+
+    def __init__(self, start: int, stop: int | None = None, batch_size: int = 1000):
+        if stop is None:
+            start, stop = 0, start
+        self.start, self.stop, self.batch_size = start, stop, batch_size
+        self.count = stop - start
+
+    def records(self, indices: range) -> list[int]:
+        return list(range(self.start + indices.start, self.start + indices.stop, indices.step))
+
+    def restore(self, state: Any) -> None:
+        # older checkpoints: the absolute next integer
+        super().restore(state - self.start if isinstance(state, int) else state)
+
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
+        return super().rescale_state([s - self.start if isinstance(s, int) else s for s in old], index, parallelism,
+                                     owns)

@@ -24,8 +24,7 @@ from __future__ import annotations
 import random
 from typing import Any, Iterator
 
-from .base import OperatorContext, Source
-from .generators import Owns, Progressions
+from .generators import IndexSource
 
 PERSON, AUCTION, BID = "P", "A", "B"
 PERSON_PROPORTION, AUCTION_PROPORTION, BID_PROPORTION = 1, 3, 46
@@ -119,10 +118,9 @@ def events(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> Iterator[list
     return (event(n, seed, rate) for n in range(count))
 
 
-class NexmarkSource(Source[list[Any]]):
+class NexmarkSource(IndexSource[list[Any]]):
     """The first ``count`` Nexmark events; subtask k of p generates events n with
-    n % p == k, in order. Its offset is what it has left to generate (``Progressions``, as
-    RangeSource's), so it replays from a checkpoint and rescales."""
+    n % p == k, in order. An IndexSource: it replays from a checkpoint and rescales."""
 
     def __init__(self, count: int, seed: int = 0, rate: int = DEFAULT_RATE, batch_size: int = 1000):
         if count < 0 or rate <= 0 or batch_size <= 0:
@@ -130,22 +128,6 @@ class NexmarkSource(Source[list[Any]]):
                              f"{batch_size})")
         self.count, self.seed, self.rate, self.batch_size = count, seed, rate, batch_size
 
-    def open(self, ctx: OperatorContext) -> None:
-        super().open(ctx)
-        self.todo = Progressions.of_subtask(self.count, ctx.subtask_index, ctx.parallelism)
-
-    def read_batch(self) -> list[list[Any]] | None:
-        r = self.todo.take(self.batch_size)
-        if r is None:
-            return None
+    def records(self, indices: range) -> list[list[Any]]:
         seed, rate = self.seed, self.rate
-        return [event(n, seed, rate) for n in r]
-
-    def snapshot(self, checkpoint_id: int) -> Any:
-        return self.todo.state()
-
-    def restore(self, state: Any) -> None:
-        self.todo = Progressions.from_state(self.count, state, self.ctx.parallelism, self.ctx.subtask_index)
-
-    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
-        return Progressions.rescale(self.count, old, len(old), index, parallelism)
+        return [event(n, seed, rate) for n in indices]

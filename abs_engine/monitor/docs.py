@@ -99,26 +99,13 @@ def entry(s: CheckpointStat) -> dict[str, Any]:
         "persisted_data": s.inflight_bytes, "persisted_records": s.inflight_records,
         "num_subtasks": s.num_subtasks, "num_acknowledged_subtasks": acked, "unaligned_subtasks": s.unaligned_tasks,
         "failure_timestamp": (_ms(s.trigger_time + s.duration_ms / 1000)
-                              if s.status is not CheckpointStatus.COMPLETED else None),
+                              if s.status in (CheckpointStatus.FAILED, CheckpointStatus.ABORTED) else None),
         "failure_message": s.failure or None,
     }
 
 
 def _pending_entry(tr: "JobTracker", cid: int) -> dict[str, Any]:
-    p = tr.pending[cid]
-    subs = list(p.subtasks.values())
-    return {
-        "id": cid, "status": CheckpointStatus.IN_PROGRESS.value, "checkpoint_type": _TYPES.get(p.mode, "CHECKPOINT"),
-        "mode": p.mode, "is_savepoint": p.mode == "savepoint", "attempt": p.attempt,
-        "trigger_timestamp": _ms(p.trigger_time),
-        "latest_ack_timestamp": _ms(max(s.ack_time for s in subs)) if subs else None,
-        "end_to_end_duration": _num((tr.clock() - p.trigger_time) * 1000),
-        "state_size": sum(s.state_size for s in subs), "checkpointed_size": sum(s.state_size for s in subs),
-        "persisted_data": sum(s.persisted_bytes for s in subs),
-        "persisted_records": sum(s.persisted_records for s in subs),
-        "num_subtasks": p.num_subtasks, "num_acknowledged_subtasks": len(subs),
-        "unaligned_subtasks": sum(s.unaligned for s in subs), "failure_timestamp": None, "failure_message": None,
-    }
+    return entry(tr.stat_of(tr.pending[cid], CheckpointStatus.IN_PROGRESS))
 
 
 def subtask(s: SubtaskStat) -> dict[str, Any]:

@@ -44,7 +44,7 @@ class _TrackerCollector(Collector):
                 v = [job, k, t.vertex]
                 rin.add_metric(v, t.records_in)
                 rout.add_metric(v, t.records_out)
-                send.add_metric(v, t.blocked_s)
+                send.add_metric(v, t.send_s)
                 bp.add_metric(v, t.backpressure)
             counts = dict(tr.status_counts)
             restarts, records, pending = tr.restarts, tr.source_records, len(tr.pending)

@@ -52,7 +52,7 @@ class TaskMetrics:
     pid: int | None = None
     records_in: int = 0  #: this run's, every attempt's together
     records_out: int = 0
-    blocked_s: float = 0.0  #: seconds spent sending (blocked by backpressure, mostly)
+    send_s: float = 0.0  #: seconds spent sending (blocked by backpressure, mostly)
     base: tuple[int, int, float] = (0, 0, 0.0)  #: the totals of earlier attempts
     last: tuple[float, int, int, float] | None = None  #: (monotonic time, in, out, blocked) of the last report
     in_rate: float = 0.0
@@ -106,7 +106,7 @@ class JobTracker:
             self.version += 1
             self.attempt = attempt
             for t in self.tasks.values():
-                t.base = (t.records_in, t.records_out, t.blocked_s)
+                t.base = (t.records_in, t.records_out, t.send_s)
                 t.status, t.pid, t.last = "DEPLOYING", None, None
                 t.in_rate = t.out_rate = t.backpressure = 0.0
             if restored_from is not None:
@@ -137,7 +137,7 @@ class JobTracker:
                 r = self.recoveries[-1]
                 self.recoveries[-1] = dataclasses.replace(r, running_after_s=max(0.0, self.clock() - r.time))
 
-    def task_metrics(self, task: str, records_in: int, records_out: int, blocked_s: float, now: float) -> None:
+    def task_metrics(self, task: str, records_in: int, records_out: int, send_s: float, now: float) -> None:
         """A heartbeat's counters (this attempt's, cumulative); ``now`` is monotonic."""
         with self.lock:
             t = self.tasks[task]
@@ -145,9 +145,9 @@ class JobTracker:
                 dt = now - t.last[0]
                 t.in_rate = max(0.0, records_in - t.last[1]) / dt
                 t.out_rate = max(0.0, records_out - t.last[2]) / dt
-                t.backpressure = min(1.0, max(0.0, blocked_s - t.last[3]) / dt)
-            t.last = (now, records_in, records_out, blocked_s)
-            self._set_counts(t, records_in, records_out, blocked_s)
+                t.backpressure = min(1.0, max(0.0, send_s - t.last[3]) / dt)
+            t.last = (now, records_in, records_out, send_s)
+            self._set_counts(t, records_in, records_out, send_s)
 
     def task_finished(self, task: str, records_in: int, records_out: int) -> None:
         with self.lock:
@@ -155,13 +155,13 @@ class JobTracker:
             t = self.tasks[task]
             t.status = "FINISHED"
             t.in_rate = t.out_rate = t.backpressure = 0.0
-            self._set_counts(t, records_in, records_out, t.blocked_s - t.base[2])
+            self._set_counts(t, records_in, records_out, t.send_s - t.base[2])
 
     @staticmethod
-    def _set_counts(t: TaskMetrics, records_in: int, records_out: int, blocked_s: float) -> None:
+    def _set_counts(t: TaskMetrics, records_in: int, records_out: int, send_s: float) -> None:
         t.records_in = max(t.records_in, t.base[0] + records_in)
         t.records_out = max(t.records_out, t.base[1] + records_out)
-        t.blocked_s = max(t.blocked_s, t.base[2] + blocked_s)
+        t.send_s = max(t.send_s, t.base[2] + send_s)
 
     def set_source_records(self, n: int) -> None:
         with self.lock:
@@ -191,19 +191,12 @@ class JobTracker:
         with self.lock:
             p = self.pending.pop(meta.checkpoint_id, None) or _Pending(
                 meta.checkpoint_id, mode, meta.created - meta.duration_ms / 1000, len(meta.tasks), self.attempt)
-            subs = tuple(sorted(p.subtasks.values(), key=lambda s: (s.vertex, s.index)))
-            written = sum(e.size for e in meta.tasks.values())
-            stat = CheckpointStat(
-                meta.checkpoint_id, meta.duration_ms, written, max(meta.alignment_ms.values(), default=0.0),
-                meta.final, max((s.sync_ms for s in subs), default=0.0), max((s.async_ms for s in subs), default=0.0),
-                len(meta.chains), mode, sum(s.unaligned for s in subs), sum(s.persisted_records for s in subs),
-                sum(s.persisted_bytes for s in subs), max((s.start_delay_ms for s in subs), default=0.0),
-                CheckpointStatus.COMPLETED, "", p.trigger_time, max((s.ack_time for s in subs), default=meta.created),
-                written + sum(r.size for refs in meta.chains.values() for r in refs), p.num_subtasks, p.attempt, subs)
+            p.mode = mode
+            stat = self.stat_of(p, CheckpointStatus.COMPLETED, meta=meta)
             ended = [self._end(stat)]
             for cid in [c for c in self.pending if c < meta.checkpoint_id]:
-                ended.append(self._end(self._aborted(self.pending.pop(cid), CheckpointStatus.ABORTED,
-                                                     f"subsumed by checkpoint {meta.checkpoint_id}")))
+                ended.append(self._end(self.stat_of(self.pending.pop(cid), CheckpointStatus.ABORTED,
+                                                    f"subsumed by checkpoint {meta.checkpoint_id}")))
         self._notify(ended)
         return ended
 
@@ -213,7 +206,7 @@ class JobTracker:
             p = self.pending.pop(checkpoint_id, None)
             if p is None:
                 return None
-            stat = self._end(self._aborted(p, status, reason))
+            stat = self._end(self.stat_of(p, status, reason))
         self._notify([stat])
         return stat
 
@@ -221,7 +214,7 @@ class JobTracker:
         """Every pending checkpoint, aborted (a failover, the job's end) at wall time ``at``
         (None: now)."""
         with self.lock:
-            out = [self._end(self._aborted(self.pending.pop(c), CheckpointStatus.ABORTED, reason, at))
+            out = [self._end(self.stat_of(self.pending.pop(c), CheckpointStatus.ABORTED, reason, at))
                    for c in sorted(self.pending)]
         self._notify(out)
         return out
@@ -257,16 +250,28 @@ class JobTracker:
 
     # ---- helpers (lock held) -------------------------------------------------------------------
 
-    def _aborted(self, p: _Pending, status: CheckpointStatus, reason: str, at: float | None = None) -> CheckpointStat:
+    def stat_of(self, p: _Pending, status: CheckpointStatus, failure: str = "", at: float | None = None,
+                meta: Metadata | None = None) -> CheckpointStat:
+        """A checkpoint's statistics from its acknowledgements so far: completed (``meta``,
+        its metadata, says what it wrote), or in progress, failed or aborted at wall time
+        ``at`` (None: now; its size is what the acknowledged tasks wrote)."""
         subs = tuple(sorted(p.subtasks.values(), key=lambda s: (s.vertex, s.index)))
+        if meta is not None:
+            written = sum(e.size for e in meta.tasks.values())
+            whole = written + sum(r.size for refs in meta.chains.values() for r in refs)
+            duration, alignment = meta.duration_ms, max(meta.alignment_ms.values(), default=0.0)
+            final, deltas, acked_by = meta.final, len(meta.chains), meta.created
+        else:
+            written = whole = sum(s.state_size for s in subs)
+            duration = max(0.0, ((self.clock() if at is None else at) - p.trigger_time) * 1000)
+            alignment = max((s.alignment_ms for s in subs), default=0.0)
+            final, deltas, acked_by = False, 0, 0.0
         return CheckpointStat(
-            p.checkpoint_id, max(0.0, ((self.clock() if at is None else at) - p.trigger_time) * 1000), sum(s.state_size for s in subs),
-            max((s.alignment_ms for s in subs), default=0.0), False,
-            max((s.sync_ms for s in subs), default=0.0), max((s.async_ms for s in subs), default=0.0), 0, p.mode,
-            sum(s.unaligned for s in subs), sum(s.persisted_records for s in subs),
-            sum(s.persisted_bytes for s in subs), max((s.start_delay_ms for s in subs), default=0.0),
-            status, reason, p.trigger_time, max((s.ack_time for s in subs), default=0.0),
-            sum(s.state_size for s in subs), p.num_subtasks, p.attempt, subs)
+            p.checkpoint_id, duration, written, alignment, final, max((s.sync_ms for s in subs), default=0.0),
+            max((s.async_ms for s in subs), default=0.0), deltas, p.mode, sum(s.unaligned for s in subs),
+            sum(s.persisted_records for s in subs), sum(s.persisted_bytes for s in subs),
+            max((s.start_delay_ms for s in subs), default=0.0), status, failure, p.trigger_time,
+            max((s.ack_time for s in subs), default=acked_by), whole, p.num_subtasks, p.attempt, subs)
 
     def _end(self, stat: CheckpointStat) -> CheckpointStat:
         self.version += 1
