@@ -16,6 +16,11 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, TypeVar, ove
 from operators.aggregate import Aggregate, AggregateFinal, FoldFinal, MergeFinal, PreAggregate, StatefulMap
 from operators.base import Operator, Sink, Source
 from operators.basic import Filter, FlatMap, Identity, Map
+from operators.eventtime import BoundedOutOfOrderness, EventTimeSource
+from operators.joins import IntervalJoin
+from operators.timers import KeyedTimedProcess
+from operators.windows import (AGGREGATE, PROCESS, REDUCE, SessionWindows, SlidingWindows, TumblingWindows,
+                               WindowOperator, Windows)
 from operators.keyed import Count, CountFinal, Reduce, ReduceFinal
 
 from .errors import GraphError, GraphErrorReason
@@ -93,16 +98,38 @@ class Dataflow:
             )
         self.graph.nodes[node.name] = node
 
-    def source(self, source: Source[T], name: str | None = None, parallelism: int | None = None) -> "Stream[T]":
+    def source(self, source: Source[T], name: str | None = None, parallelism: int | None = None,
+               timestamps: Callable[[T], Any] | None = None,
+               watermarks: BoundedOutOfOrderness | None = None) -> "Stream[T]":
         """The stream of records ``source`` reads, in ``parallelism`` subtasks (the dataflow's
-        default if None). Each subtask reads its own share and snapshots its offset."""
+        default if None). Each subtask reads its own share and snapshots its offset.
+
+        Event time (README, "Event time"): ``timestamps(record)`` gives a record's timestamp
+        and ``watermarks`` (default ``BoundedOutOfOrderness(0)``: ascending timestamps) how
+        far behind the newest one the subtask's watermark stays, and after how long without
+        records it declares itself idle."""
         if not isinstance(source, Source):
             raise GraphError(
                 GraphErrorReason.BAD_ARGUMENT,
                 f"Dataflow.source() takes an operators.Source, got {type(source).__name__}",
             )
+        if watermarks is not None and timestamps is None:
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                             "Dataflow.source(): watermarks= needs timestamps= (the function that reads a "
+                             "record's event time)")
+        if watermarks is not None and not isinstance(watermarks, BoundedOutOfOrderness):
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                             f"Dataflow.source(): watermarks= takes a BoundedOutOfOrderness, got "
+                             f"{type(watermarks).__name__}")
+        if timestamps is not None:
+            if not callable(timestamps):
+                raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                                 "Dataflow.source(): timestamps= must be a function of the record")
+            source = EventTimeSource(source, timestamps, watermarks or BoundedOutOfOrderness())
         n = self._name(name, "source")
-        self._add(Node(n, NodeKind.SOURCE, source, type(source).__name__, parallelism))
+        label = type(source.inner).__name__ + "[event time]" if isinstance(source, EventTimeSource) else \
+            type(source).__name__
+        self._add(Node(n, NodeKind.SOURCE, source, label, parallelism))
         return Stream(self, n)
 
     def feedback(self, name: str | None = None, parallelism: int | None = None) -> "Feedback[Any]":
@@ -232,6 +259,31 @@ class Stream(Generic[T]):
             self.flow.graph.edges.append(Edge(o.node, n, o._partition))
         return Stream(self.flow, n)
 
+    def interval_join(self, other: "Stream[U]", key: Callable[[T], Any], other_key: Callable[[U], Any],
+                      timestamp: Callable[[T], Any], other_timestamp: Callable[[U], Any], lower: Any, upper: Any,
+                      fn: Callable[[T, U], Any], name: str | None = None,
+                      parallelism: int | None = None) -> "Stream[Any]":
+        """Every pair of one key with ``ts + lower <= other_ts <= ts + upper``, as ``fn(record,
+        other_record)`` (operators/joins.py): an event-time join whose state is bounded by
+        the watermark. Records at or behind the watermark are late: reported, not joined."""
+        if other.flow is not self.flow:
+            raise GraphError(GraphErrorReason.FOREIGN_STREAM, "interval_join() of streams from different Dataflows")
+        for what, f in (("key", key), ("other_key", other_key), ("timestamp", timestamp),
+                        ("other_timestamp", other_timestamp), ("fn", fn)):
+            if not callable(f):
+                raise GraphError(GraphErrorReason.BAD_ARGUMENT, f"interval_join(): {what} must be a function")
+        if not lower <= upper:
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                             f"interval_join(): lower ({lower!r}) must be at most upper ({upper!r})")
+        base = name or self.flow._name(None, "interval_join")
+        left = self.map(_tag_left, name=f"{base}_left")
+        right = other.map(_tag_right, name=f"{base}_right")
+        op = IntervalJoin(lower, upper, fn, (key, other_key), (timestamp, other_timestamp))
+        tagged = left.union(right, name=f"{base}_inputs")
+        keyed: KeyedStream[Any, Any] = KeyedStream(self.flow, tagged.node, op._key)
+        return keyed._keyed(op, "interval_join", base, parallelism,
+                            key_label=f"{_fn_label(key)}, {_fn_label(other_key)}")
+
     def sink(self, sink: Sink, name: str | None = None, parallelism: int | None = None) -> None:
         """End the stream in ``sink`` (FileSink, CapturingSink, ParquetSink...). Sinks that
         publish on checkpoint completion (two-phase commit) give exactly-once output."""
@@ -356,15 +408,111 @@ class KeyedStream(Stream[T], Generic[T, K]):
         The state must be msgpack-encodable (after a restore a tuple comes back as a list)."""
         return self._keyed(StatefulMap(fn, self.key_fn, _on_error(on_error)), "stateful_map", name, parallelism)
 
-    def apply_keyed(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> Stream[Any]:
+    def apply_keyed(self, op: Operator, name: str | None = None, parallelism: int | None = None,
+                    timestamp: Callable[[T], Any] | None = None) -> Stream[Any]:
         """A user-defined keyed operator; it must key its state by the same key. A
         ``KeyedProcess`` (operators/keyed_process.py) gets this stream's key function and
-        runtime-owned per-key state (snapshotted, rescaled by key group, incremental)."""
+        runtime-owned per-key state (snapshotted, rescaled by key group, incremental). A
+        ``KeyedTimedProcess`` (operators/timers.py) also gets timers, and ``timestamp`` (a
+        function of the record) for ``ctx.timestamp``."""
         from operators.keyed_process import KeyedProcess
 
-        if isinstance(op, KeyedProcess) and op.key_fn is None:
+        if isinstance(op, (KeyedProcess, KeyedTimedProcess)) and op.key_fn is None:
             op.key_fn = self.key_fn
+        if timestamp is not None:
+            if not isinstance(op, KeyedTimedProcess):
+                raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                                 "apply_keyed(timestamp=...) is for a KeyedTimedProcess (operators/timers.py)")
+            op.timestamp_fn = timestamp
         return self._keyed(op, "keyed", name, parallelism)
+
+    def window(self, windows: Windows, timestamp: Callable[[T], Any],
+               allowed_lateness: Any = 0) -> "WindowedStream[T, K]":
+        """Event-time windows per key (operators/windows.py): ``windows`` is a
+        TumblingWindows, SlidingWindows or SessionWindows; ``timestamp(record)`` the
+        record's event time; a window is kept ``allowed_lateness`` after it fires (records
+        then fire it again), after which its records go to ``.late``. Then ``reduce``,
+        ``aggregate`` or ``process``."""
+        if not isinstance(windows, (TumblingWindows, SlidingWindows, SessionWindows)):
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                             f"window() takes TumblingWindows, SlidingWindows or SessionWindows, got "
+                             f"{type(windows).__name__}")
+        if not callable(timestamp):
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT, "window(): timestamp must be a function of the record")
+        if (not isinstance(allowed_lateness, (int, float)) or isinstance(allowed_lateness, bool)
+                or allowed_lateness < 0):
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                             f"window(): allowed_lateness must be a number >= 0, got {allowed_lateness!r}")
+        return WindowedStream(self, windows, timestamp, allowed_lateness)
+
+
+def _tag_left(record: Any) -> tuple[int, Any]:
+    return (0, record)
+
+
+def _tag_right(record: Any) -> tuple[int, Any]:
+    return (1, record)
+
+
+class WindowedStream(Generic[T, K]):
+    """A keyed stream cut into event-time windows: finish it with ``reduce``, ``aggregate``
+    or ``process``; each returns a ``WindowResults`` stream (with its ``.late`` records)."""
+
+    def __init__(self, keyed: KeyedStream[T, K], windows: Windows, timestamp: Callable[[T], Any],
+                 allowed_lateness: Any):
+        self.keyed, self.windows, self.timestamp, self.allowed_lateness = keyed, windows, timestamp, allowed_lateness
+
+    def _op(self, kind: str, fn: Callable[..., Any], name: str | None, parallelism: int | None,
+            **kw: Any) -> "WindowResults[Any]":
+        op = WindowOperator(self.windows, self.timestamp, kind, fn, self.keyed.key_fn, self.allowed_lateness, **kw)
+        w = self.windows
+        label = type(w).__name__.replace("Windows", "").lower()
+        s = self.keyed._keyed(op, f"window_{kind}", name, parallelism, key_label=f"{self.keyed._key_label()}, {label}")
+        return WindowResults(s.flow, s.node, op)
+
+    def reduce(self, fn: Callable[[T, T], T], name: str | None = None,
+               parallelism: int | None = None) -> "WindowResults[tuple[K, Any, Any, T]]":
+        """Per key and window, ``fn(acc, record)`` from the window's first record: ``(key,
+        start, end, acc)`` when the window fires."""
+        return self._op(REDUCE, fn, name, parallelism)
+
+    def aggregate(self, create: Callable[[], A], add: Callable[[A, T], A], result: Callable[[A], Any] | None = None,
+                  merge: Callable[[A, A], A] | None = None, name: str | None = None,
+                  parallelism: int | None = None) -> "WindowResults[tuple[K, Any, Any, Any]]":
+        """Per key and window, ``acc = add(acc, record)`` from ``create()``: ``(key, start,
+        end, result(acc))`` (or ``acc``) when it fires. Session windows merge accumulators:
+        they need ``merge(acc1, acc2)``."""
+        if isinstance(self.windows, SessionWindows) and merge is None:
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                             "aggregate() over SessionWindows needs merge=(acc1, acc2) -> acc: sessions merge")
+        return self._op(AGGREGATE, add, name, parallelism, create=create, result=result, merge=merge)
+
+    def process(self, fn: Callable[[K, Any, Any, list[T]], Iterable[U] | None], name: str | None = None,
+                parallelism: int | None = None) -> "WindowResults[U]":
+        """Per key and window, ``fn(key, start, end, records)`` when it fires: the records it
+        returns (the window keeps its records until then)."""
+        return self._op(PROCESS, fn, name, parallelism)
+
+
+class WindowResults(Stream[T]):
+    """A window operator's results; ``late`` is the stream of its late records."""
+
+    def __init__(self, flow: Dataflow, node: str, op: WindowOperator):
+        super().__init__(flow, node)
+        self._op = op
+        self._late: Stream[Any] | None = None
+
+    @property
+    def late(self) -> Stream[Any]:
+        """The records that came after every window they belong to was purged (a side
+        output). Without it they are dropped and reported as skipped records."""
+        if self._late is None:
+            self._op.late_stream = True
+            n = self.flow._name(None, f"{self.node}_late")
+            self.flow._add(Node(n, NodeKind.OPERATOR, Identity(), "late", self.flow.graph.nodes[self.node].parallelism))
+            self.flow.graph.edges.append(Edge(self.node, n, Partition.FORWARD, side=True))
+            self._late = Stream(self.flow, n)
+        return self._late
 
 
 class Feedback(Stream[T]):

@@ -33,6 +33,7 @@ class FrameKind:
     END = 2  #: payload: empty; end of stream on this channel
     CONTROL = 3  #: payload: msgpack control message (see messages.py)
     HELLO = 4  #: payload: msgpack channel id, first frame on a data connection
+    WATERMARK = 5  #: payload: msgpack number (event time; the input is active), or nil: idle
 
 
 def pack(obj: Any) -> bytes:
@@ -105,6 +106,18 @@ def parse_barrier(payload: bytes) -> tuple[int, bool]:
     if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], int):
         return v[0], bool(v[1])
     raise ProtocolError(ProtocolErrorReason.MALFORMED, f"a barrier frame carries {v!r}, not a checkpoint id")
+
+
+def watermark_frame(watermark: float | None) -> bytes:
+    """A watermark frame: ``watermark`` (the sender is active), or None: the sender is idle."""
+    return frame(FrameKind.WATERMARK, pack(watermark))
+
+
+def parse_watermark(payload: bytes) -> float | None:
+    v = unpack(payload)
+    if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)):
+        return v
+    raise ProtocolError(ProtocolErrorReason.MALFORMED, f"a watermark frame carries {v!r}, not a number or nil")
 
 
 class FrameReader:

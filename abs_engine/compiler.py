@@ -68,7 +68,7 @@ def to_networkx(graph: LogicalGraph) -> nx.DiGraph:
                 f"{e.src!r} is connected to {e.dst!r} twice: connect a stream to an operator once",
                 e.dst,
             )
-        g.add_edge(e.src, e.dst, partition=e.partition)
+        g.add_edge(e.src, e.dst, partition=e.partition, side=e.side)
     return g
 
 
@@ -152,6 +152,7 @@ def compile_graph(graph: LogicalGraph) -> Plan:
         return (
             g.edges[u, v]["partition"] is Partition.FORWARD
             and (u, v) not in back
+            and not g.edges[u, v]["side"]  # a side output's records are set aside, never passed on
             and g.out_degree(u) == 1
             and g.in_degree(v) == 1
         )
@@ -202,7 +203,7 @@ def compile_graph(graph: LogicalGraph) -> Plan:
 
     # Edges inside a chain are function calls; the others become channels.
     edges = tuple(
-        EdgeSpec(u, v, g.edges[u, v]["partition"].value, (u, v) in back)
+        EdgeSpec(u, v, g.edges[u, v]["partition"].value, (u, v) in back, bool(g.edges[u, v].get("side")))
         for u, v in sorted(g.edges, key=lambda e: (order[e[0]], order[e[1]]))
         if head_of[v] == v
     )
@@ -221,7 +222,7 @@ def compile_graph(graph: LogicalGraph) -> Plan:
                 ch = ChannelSpec(channel_id(producer, consumer), producer, consumer, ei, e.back_edge)
                 inputs.setdefault(consumer, []).append(ch)
                 chans.append(ch.id)
-            outputs.setdefault(producer, []).append(OutputSpec(ei, e.partition, e.dst, tuple(chans)))
+            outputs.setdefault(producer, []).append(OutputSpec(ei, e.partition, e.dst, tuple(chans), e.side))
 
     tasks = tuple(
         TaskSpec(
@@ -248,7 +249,8 @@ def explain(plan: Plan) -> str:
     lines.append("edges between chains:")
     for e in plan.edges:
         mark = "  <-- BACK-EDGE (records logged during checkpoints)" if e.back_edge else ""
-        lines.append(f"  {e.src} -> {e.dst}  [{e.partition}]{mark}")
+        side = ", side output" if e.side else ""
+        lines.append(f"  {e.src} -> {e.dst}  [{e.partition}{side}]{mark}")
     lines.append("tasks:")
     for t in plan.tasks:
         ins = len(t.inputs)

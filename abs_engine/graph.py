@@ -43,6 +43,9 @@ class Edge:
     src: str
     dst: str
     partition: Partition | None = None  #: None: chosen by the compiler
+    #: A side output (a window's late records): carries only what the producer sets aside
+    #: (``take_side_output``), never its main output. Its producer ends its chain.
+    side: bool = False
 
 
 @dataclass

@@ -47,6 +47,7 @@ class EdgeSpec:
     dst: str  #: consumer operator (a chain's head)
     partition: str  #: graph.Partition value
     back_edge: bool
+    side: bool = False  #: a side output (graph.Edge.side)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class OutputSpec:
     partition: str
     key_operator: str  #: whose key function partitions this edge (the consumer)
     channels: tuple[str, ...]
+    side: bool = False  #: a side output: only the records the producer sets aside
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ class Plan:
         shape = [
             [[c.name, c.operators] for c in self.chains],
             [[o.name, o.kind, o.keyed, o.parallelism] for o in self.operators],
-            [[e.src, e.dst, e.partition, e.back_edge] for e in self.edges],
+            [[e.src, e.dst, e.partition, e.back_edge] + (["side"] if e.side else []) for e in self.edges],
             [[t.id, [c.id for c in t.inputs]] for t in self.tasks],
             self.max_parallelism,
         ]
@@ -178,7 +180,8 @@ class Plan:
                     parallelism=t["parallelism"],
                     inputs=tuple(ChannelSpec(**c) for c in t["inputs"]),
                     outputs=tuple(
-                        OutputSpec(o["edge"], o["partition"], o["key_operator"], tuple(o["channels"]))
+                        OutputSpec(o["edge"], o["partition"], o["key_operator"], tuple(o["channels"]),
+                                   bool(o.get("side", False)))
                         for o in t["outputs"]
                     ),
                 )

@@ -115,6 +115,17 @@ class Operator(ABC):
         """End of input on every input channel: emit final results (bounded jobs)."""
         return []
 
+    def on_watermark(self, watermark: float) -> list[Any]:
+        """Event time has reached ``watermark`` (no record with a timestamp <= it is expected
+        any more): fire what is due and return the records to emit. Called only when the
+        watermark moves forward; +inf at the end of the input."""
+        return []
+
+    def take_side_output(self) -> list[Any]:
+        """The records set aside for the side output since the last call (a window's late
+        records): only an operator the dataflow gives a side output is asked."""
+        return []
+
     def snapshot(self, checkpoint_id: int) -> Any:
         return None
 

@@ -46,6 +46,7 @@ class Output:
         self.key_fn = key_fn
         self.producer = producer
         self.consumer = spec.key_operator
+        self.side = spec.side
         self.rr = 0
         self.max_parallelism = max_parallelism
         #: key group -> channel (the consumer subtask that owns the group)

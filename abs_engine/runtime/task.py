@@ -29,6 +29,7 @@ from collections import deque
 from typing import Any
 
 from operators.base import Operator, RecordError, Source
+from operators.eventtime import EventTimeSource
 
 from .. import codec, messages
 from ..checkpoint import spill
@@ -42,6 +43,7 @@ from .channel import RECV_SIZE, InputChannel
 from .control import ControlLink
 from .output import OperatorFailure, Output
 from .watchdog import Activity
+from .watermarks import MAX_WATERMARK, MIN_WATERMARK, Change, Step, WatermarkValve
 from .writer import SnapshotWriter
 
 PROGRESS_EVERY = 0.5  # seconds between progress reports of a source
@@ -161,6 +163,20 @@ class Task:
             for out in outputs:
                 for ch in out.channels:
                     ch.while_blocked = self._drain_back_edges
+        # Event time (runtime/watermarks.py): the regular inputs' watermarks, the operators
+        # that act on one, and the last watermark they were given (never decreases).
+        self.valve = WatermarkValve(c.id for c in inputs.values() if not c.back_edge)
+        self.event_source = source if isinstance(source, EventTimeSource) else None
+        self.watermark = MIN_WATERMARK
+        self.watermark_ops = [(i, op) for i, op in enumerate(ops)
+                              if type(op).on_watermark is not Operator.on_watermark]
+        #: Operators with processing-time timers, and when the earliest is due (inf: none).
+        self.timed_ops: list[tuple[int, Any]] = [(i, op) for i, op in enumerate(ops) if callable(getattr(op, "next_processing_timer", None))]
+        self.next_timer = MAX_WATERMARK
+        # Side outputs (late records of a window): only a chain's tail can have them.
+        self.main_outputs = [o for o in outputs if not o.side]
+        self.side_outputs = [o for o in outputs if o.side]
+        self.side_op = ops[-1] if self.side_outputs and ops else None
 
     # ---- the chain ------------------------------------------------------------------
 
@@ -198,8 +214,85 @@ class Task:
     def _emit(self, batch: list[Any]) -> None:
         if batch:
             self.records_out += len(batch)
-            for out in self.outputs:
+            for out in self.main_outputs:
                 out.emit(batch)
+        if self.side_op is not None:
+            side = self.side_op.take_side_output()
+            if side:
+                self.records_out += len(side)
+                for out in self.side_outputs:
+                    out.emit(side)
+        if self.timed_ops:
+            self._schedule_timers()
+
+    # ---- event time -------------------------------------------------------------------
+
+    def _on_watermark_step(self, step: Step) -> None:
+        if step.change is Change.IDLE:
+            self._broadcast_status(None)
+        elif step.change is not Change.UNCHANGED:
+            self._advance_watermark(step.watermark)
+
+    def _advance_watermark(self, watermark: float) -> None:
+        """The task's watermark is ``watermark``: operators first (what they emit is sent
+        ahead of the watermark), then downstream."""
+        if watermark > self.watermark:
+            self.watermark = watermark
+            for i, op in self.watermark_ops:
+                name = self.op_names[i]
+                self.activity.enter(name)
+                try:
+                    out = op.on_watermark(watermark)
+                except RecordError as e:
+                    raise OperatorFailure(name, record=e.record) from e.__cause__
+                except Exception as e:
+                    raise OperatorFailure(name) from e
+                finally:
+                    self.activity.leave()
+                if out:
+                    self._emit(self._process(out, i + 1))
+        self._broadcast_status(watermark)
+
+    def _broadcast_status(self, watermark: float | None) -> None:
+        if not self.finished and self.outputs:
+            frame = codec.watermark_frame(watermark)
+            for out in self.outputs:
+                out.broadcast(frame)
+
+    def _source_status(self, read_something: bool) -> None:
+        es = self.event_source
+        assert es is not None
+        status = es.status(read_something)
+        if status != es.sent:
+            es.sent = status
+            if status is None:
+                self._broadcast_status(None)
+            else:
+                self._advance_watermark(status)
+
+    def _schedule_timers(self) -> None:
+        due = [t for _, op in self.timed_ops if (t := op.next_processing_timer()) is not None]
+        self.next_timer = min(due) if due else MAX_WATERMARK
+
+    def _fire_timers(self) -> None:
+        """Processing-time timers that are due (wall clock), in each operator's order.
+        Called with nothing gathered (records before a timer are processed first)."""
+        now = time.time()
+        if now < self.next_timer:
+            return
+        self.next_timer = MAX_WATERMARK  # rescheduled below (and by _emit)
+        for i, op in self.timed_ops:
+            name = self.op_names[i]
+            self.activity.enter(name)
+            try:
+                out = op.on_processing_time(now)
+            except Exception as e:
+                raise OperatorFailure(name) from e
+            finally:
+                self.activity.leave()
+            if out:
+                self._emit(self._process(out, i + 1))
+        self._schedule_timers()
 
     def _finish(self) -> None:
         """End of input: flush final results through the chain, then end of stream."""
@@ -355,6 +448,8 @@ class Task:
                     return
                 for s in log.on_barrier(ch.id, cid).completed:
                     self._write(s)
+            elif kind == codec.FrameKind.WATERMARK:
+                continue  # handled in order when processed; not channel state (README, "Event time")
             else:  # END (or anything else): nothing can be read past it
                 ch.ahead_stopped = True
                 if kind == codec.FrameKind.END:
@@ -535,11 +630,17 @@ class Task:
             finally:
                 self.activity.leave()
             if batch is None:
+                if self.event_source is not None:
+                    self._advance_watermark(MAX_WATERMARK)  # end of input: every window fires
                 self._finish()
                 continue
             if batch:
                 self.records_in += len(batch)
                 self._emit(self._process(batch, 0) if self.ops else batch)
+            if self.event_source is not None:
+                self._source_status(bool(batch))
+            if self.timed_ops:
+                self._fire_timers()
             now = time.monotonic()
             if now - last_progress >= PROGRESS_EVERY:
                 last_progress = now
@@ -563,6 +664,8 @@ class Task:
             per = (time.perf_counter() - began) / len(batch)
             self._per_record = per if not self._per_record else 0.8 * self._per_record + 0.2 * per
             self.gather_max = max(1, min(GATHER_MAX, int(BATCH_WORK / max(self._per_record, 1e-9))))
+        if self.timed_ops and time.time() >= self.next_timer:
+            self._fire_timers()  # a busy task's processing-time timers
 
     def _on_frame(self, ch: InputChannel, kind: int, payload: bytes,
                   sel: selectors.BaseSelector, blocked: list[InputChannel], ahead: bool = False) -> None:
@@ -612,12 +715,17 @@ class Task:
                 blocked.append(ch)
             elif d.outcome is Outcome.TRIGGERED:
                 self._triggered(d.checkpoint_id, sel, blocked)  # type: ignore[arg-type]
+        elif kind == codec.FrameKind.WATERMARK:
+            if not ch.back_edge:
+                w = codec.parse_watermark(payload)
+                self._on_watermark_step(self.valve.on_idle(ch.id) if w is None else self.valve.on_watermark(ch.id, w))
         elif kind == codec.FrameKind.END:
             ch.ended = True
             _unregister(sel, ch)
             for s in self.backlog.on_end_of_stream(ch.id).completed:
                 self._write(s)
             if not ch.back_edge:
+                self._on_watermark_step(self.valve.on_end(ch.id))
                 d = self.aligner.on_end_of_stream(ch.id)
                 if d.outcome is Outcome.TRIGGERED:
                     self._triggered(d.checkpoint_id, sel, blocked)  # type: ignore[arg-type]
@@ -672,6 +780,11 @@ class Task:
             timeout = None
             if self.aligned_timeout is not None and self.blocked_since is not None:
                 timeout = max(0.0, self.blocked_since + self.aligned_timeout - time.perf_counter())
+            if self.timed_ops and not self.finished:
+                self._fire_timers()
+                if self.next_timer != MAX_WATERMARK:
+                    wait = max(0.0, self.next_timer - time.time())
+                    timeout = wait if timeout is None else min(timeout, wait)
             for key, _ in sel.select(timeout):
                 if key.data is None:
                     for msg in control.poll():  # non-blocking, like the channels' reads

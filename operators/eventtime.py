@@ -1,0 +1,129 @@
+"""Event time at a source: a timestamp function and a watermark strategy.
+
+``Dataflow.source(src, timestamps=fn, watermarks=BoundedOutOfOrderness(delay, idle_timeout))``
+wraps ``src`` in an ``EventTimeSource``: after every batch it reads, the source subtask's
+watermark is ``max timestamp seen - delay - 1`` (Flink's rule: watermark ``w`` promises no
+more records with a timestamp ``<= w``; ``delay=0`` suits sources whose timestamps only
+grow). A subtask that reads nothing for ``idle_timeout`` seconds (wall clock) declares itself
+idle, so that the job's watermark does not wait for it; it is active again with its next
+record. At the end of its input a subtask's watermark is +inf: every window fires.
+
+A timestamp is a number (milliseconds by convention; every event-time operator of a job
+must use the same unit) computed from the record by a function: the event time is a field
+of the record, as in Spark Structured Streaming's ``withWatermark(column, ...)``, and each
+event-time operator (window, join, timer) takes the function that reads it from *its* input
+records.
+
+State: the source's offsets and the highest timestamp it has seen, snapshotted together, so
+a restored subtask resumes with the watermark it had (a checkpoint's watermark state).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Generic
+
+from .base import OperatorContext, Owns, Source, T
+
+MIN_WATERMARK = float("-inf")
+MAX_WATERMARK = float("inf")
+
+TimestampFn = Callable[[Any], float]
+
+
+@dataclass(frozen=True)
+class BoundedOutOfOrderness:
+    """Records may come up to ``max_delay`` (timestamp units) later than the newest seen;
+    ``idle_timeout`` seconds (wall clock) without a record make the subtask idle (None:
+    never)."""
+
+    max_delay: float = 0
+    idle_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_delay, (int, float)) or isinstance(self.max_delay, bool) or self.max_delay < 0:
+            raise ValueError(f"max_delay must be a number >= 0, got {self.max_delay!r}")
+        if self.idle_timeout is not None and (not isinstance(self.idle_timeout, (int, float))
+                                              or self.idle_timeout <= 0):
+            raise ValueError(f"idle_timeout must be a number of seconds > 0 or None, got {self.idle_timeout!r}")
+
+
+def ascending(idle_timeout: float | None = None) -> BoundedOutOfOrderness:
+    """Timestamps that never decrease within a subtask (Flink's monotonous timestamps)."""
+    return BoundedOutOfOrderness(0, idle_timeout)
+
+
+class EventTimeSource(Source[T], Generic[T]):
+    """``inner`` with a watermark: see the module docstring. The task asks ``emit_status``
+    after every read (and while the source has nothing) what to send downstream."""
+
+    def __init__(self, inner: Source[T], timestamps: TimestampFn, strategy: BoundedOutOfOrderness):
+        self.inner = inner
+        self.timestamps = timestamps
+        self.strategy = strategy
+        self.max_ts: float = MIN_WATERMARK
+        self.sent: float | None = MIN_WATERMARK  #: the last status sent: a watermark, or None (idle)
+        self.last_record = 0.0
+
+    # -- the source protocol, delegated ----------------------------------------------------
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self.inner.open(ctx)
+        self.last_record = time.monotonic()
+
+    def check(self) -> None:
+        self.inner.check()
+
+    def driver_start(self) -> None:
+        self.inner.driver_start()
+
+    def driver_stop(self) -> None:
+        self.inner.driver_stop()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.inner.notify_checkpoint_complete(checkpoint_id)
+
+    def read_batch(self) -> list[T] | None:
+        batch = self.inner.read_batch()
+        if batch:
+            self.last_record = time.monotonic()
+            ts = self.timestamps
+            try:
+                newest = max(map(ts, batch))
+            except Exception as e:
+                raise ValueError(f"the timestamps function {getattr(ts, '__name__', ts)!r} failed on a record of "
+                                 f"this batch: {e}; it must return a number for every record") from e
+            if newest > self.max_ts:
+                self.max_ts = newest
+        return batch
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        return {"offsets": self.inner.snapshot(checkpoint_id), "max_ts": self.max_ts}
+
+    def restore(self, state: Any) -> None:
+        self.inner.restore(state["offsets"])
+        self.max_ts = state["max_ts"]
+
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
+        """The inner source's rule for the offsets; the watermark restarts at the lowest of
+        the old subtasks' (a split may move to a subtask that was ahead: never behind it)."""
+        offsets = self.inner.rescale_state([s["offsets"] if s else None for s in old], index, parallelism, owns)
+        marks = [s["max_ts"] for s in old if s]
+        return {"offsets": offsets, "max_ts": min(marks) if marks else MIN_WATERMARK}
+
+    # -- watermarks -------------------------------------------------------------------------
+
+    def watermark(self) -> float:
+        return self.max_ts - self.strategy.max_delay - 1 if self.max_ts != MIN_WATERMARK else MIN_WATERMARK
+
+    def status(self, read_something: bool) -> float | None:
+        """What the subtask's status is now: its watermark, or None when idle."""
+        timeout = self.strategy.idle_timeout
+        if not read_something and timeout is not None and time.monotonic() - self.last_record >= timeout:
+            return None
+        return self.watermark()

@@ -1,0 +1,79 @@
+"""A two-input keyed interval join: every pair ``(left, right)`` of one key with
+``left_ts + lower <= right_ts <= left_ts + upper`` gives ``fn(left, right)`` (Flink's
+IntervalJoin).
+
+Both inputs arrive as one stream of ``(side, record)`` (0: left, 1: right), keyed by the
+side's key function, so that one subtask holds both sides of a key. A left record waits
+in state until the watermark passes ``left_ts + upper`` (no right record that it could
+join can come after that), a right one until it passes ``right_ts - lower``; each is
+removed by an event-time timer. A record at or behind the watermark is late: it is
+reported as skipped and not joined (a join across a late record would depend on how fast
+each side ran). Without late records the output is the exact batch join.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from .keyed_process import KeyState
+from .timers import KeyedTimedProcess, TimerContext
+from .windows import LateRecord
+
+LEFT, RIGHT = 0, 1
+
+
+class IntervalJoin(KeyedTimedProcess):
+    def __init__(self, lower: Any, upper: Any, fn: Callable[[Any, Any], Any],
+                 key_fns: tuple[Callable[[Any], Any], Callable[[Any], Any]],
+                 timestamps: tuple[Callable[[Any], Any], Callable[[Any], Any]]):
+        if lower > upper:
+            raise ValueError(f"interval join: lower ({lower}) must be at most upper ({upper})")
+        self.lower, self.upper, self.fn = lower, upper, fn
+        self.key_fns, self.timestamps = key_fns, timestamps
+        self.key_fn = self._key
+        self.timestamp_fn = self._ts
+        self.skipped: list[tuple[Any, BaseException]] = []
+        self.on_error = "skip"  # late records are reported as skipped
+
+    def _key(self, tagged: Any) -> Any:
+        return self.key_fns[tagged[0]](tagged[1])
+
+    def _ts(self, tagged: Any) -> Any:
+        return self.timestamps[tagged[0]](tagged[1])
+
+    def process_key(self, key: Any, record: Any, state: KeyState, ctx: TimerContext) -> Iterable[Any] | None:
+        side, rec = record
+        ts = ctx.timestamp
+        assert ts is not None
+        if ctx.is_late:
+            self.skipped.append((rec, LateRecord(f"late record not joined: timestamp {ts} is at or behind the "
+                                                 f"watermark {ctx.watermark}")))
+            return None
+        buffers = state.value
+        if buffers is None:
+            buffers = state.value = [[], []]
+        out = []
+        if side == LEFT:
+            lo, hi = ts + self.lower, ts + self.upper
+            out = [self.fn(rec, r) for rts, r in buffers[RIGHT] if lo <= rts <= hi]
+            expires = ts + self.upper
+        else:
+            lo, hi = ts - self.upper, ts - self.lower
+            out = [self.fn(l, rec) for lts, l in buffers[LEFT] if lo <= lts <= hi]
+            expires = ts - self.lower
+        buffers[side].append([ts, rec])
+        ctx.register_event_time(expires)
+        return out
+
+    def on_timer(self, key: Any, timestamp: float, domain: int, state: KeyState,
+                 ctx: TimerContext) -> Iterable[Any] | None:
+        buffers = state.value
+        if buffers is None:
+            return None
+        left = [e for e in buffers[LEFT] if e[0] + self.upper > timestamp]
+        right = [e for e in buffers[RIGHT] if e[0] - self.lower > timestamp]
+        state.value = [left, right] if left or right else None
+        return None
+
+    def restore_keyed(self, values: dict[Any, Any]) -> None:
+        super().restore_keyed({k: [list(v[0]), list(v[1])] for k, v in values.items()})

@@ -1,0 +1,240 @@
+"""Keyed timers (event time and processing time), and ``KeyedTimedProcess``: your own keyed
+operator with per-key state and timers (Flink's KeyedProcessFunction).
+
+A timer is ``(domain, key, timestamp)``; registering one twice is registering it once. An
+event-time timer fires when the task's watermark reaches its timestamp, a processing-time
+timer when the wall clock (``time.time()``, seconds) does. Timers that are due fire in
+``(timestamp, msgpack encoding of the key)`` order: the same order in every run, after every
+restore and in every rescaled subtask, whatever order they were registered in. A timer
+callback may register timers that are already due: they fire in the same pass.
+
+Timers are state: a snapshot holds every live timer, so a restore fires them as the
+uninterrupted run would; a rescale deals them out with their keys' key groups.
+
+``KeyedTimedProcess``: subclass it and write ``process_key(key, record, state, ctx)`` and
+``on_timer(key, timestamp, domain, state, ctx)``; ``state`` is the key's ``KeyState`` (as in
+``KeyedProcess``), ``ctx`` a ``TimerContext`` (the record's timestamp, the watermark,
+register and delete timers of the current key). Its whole state is written at every
+checkpoint (no incremental deltas). A record whose timestamp is at or below the watermark
+is late; what to do with it is the operator's choice (``ctx.is_late``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Any, Callable, Iterable, Iterator
+
+import msgpack
+
+from .base import Operator, OperatorContext, Owns
+from .eventtime import MIN_WATERMARK
+from .keyed_process import KeyState
+
+EVENT, PROCESSING = 0, 1  #: timer domains
+DOMAINS = {EVENT: "event time", PROCESSING: "processing time"}
+
+
+def _key_bytes(key: Any) -> bytes:
+    data: bytes = msgpack.packb(key, use_bin_type=True)
+    return data
+
+
+class TimerService:
+    """Live timers per domain: a heap in firing order, and the set of live ones (deletion is
+    lazy: a deleted timer's heap entry is skipped when it surfaces)."""
+
+    def __init__(self) -> None:
+        self.heaps: tuple[list[tuple[float, bytes, int, Any]], list[tuple[float, bytes, int, Any]]] = ([], [])
+        self.live: set[tuple[int, bytes, float]] = set()
+        self._seq = itertools.count()  #: breaks ties between stale and live entries (never compares keys)
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def register(self, domain: int, key: Any, timestamp: float) -> None:
+        kb = _key_bytes(key)
+        entry = (domain, kb, timestamp)
+        if entry not in self.live:
+            self.live.add(entry)
+            heapq.heappush(self.heaps[domain], (timestamp, kb, next(self._seq), key))
+
+    def delete(self, domain: int, key: Any, timestamp: float) -> None:
+        self.live.discard((domain, _key_bytes(key), timestamp))
+
+    def next_due(self, domain: int) -> float | None:
+        heap = self.heaps[domain]
+        while heap and (domain, heap[0][1], heap[0][0]) not in self.live:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def pop_due(self, domain: int, time: float) -> Iterator[tuple[Any, float]]:
+        """(key, timestamp) of every live timer of ``domain`` at or before ``time``, in
+        firing order, each removed as it is yielded (so a callback may re-register it)."""
+        heap = self.heaps[domain]
+        while heap and heap[0][0] <= time:
+            ts, kb, _, key = heapq.heappop(heap)
+            entry = (domain, kb, ts)
+            if entry in self.live:
+                self.live.remove(entry)
+                yield key, ts
+
+    def snapshot(self) -> list[list[Any]]:
+        return [[d, ts, key] for ts, kb, _, key, d in sorted(
+            (ts, kb, s, key, d) for d in (EVENT, PROCESSING) for ts, kb, s, key in self.heaps[d]
+            if (d, kb, ts) in self.live)]
+
+    def restore(self, timers: Iterable[Any], owns: Callable[[Any], bool] | None = None) -> None:
+        self.__init__()  # type: ignore[misc]
+        for d, ts, key in timers:
+            if owns is None or owns(key):
+                self.register(int(d), key, ts)
+
+
+class TimerContext:
+    """What ``process_key`` and ``on_timer`` see besides the key's state (valid during the
+    call only)."""
+
+    __slots__ = ("_op", "key", "timestamp")
+
+    def __init__(self, op: "TimedOperator"):
+        self._op = op
+        self.key: Any = None
+        self.timestamp: float | None = None  #: the record's (None without a timestamp function) or the timer's
+
+    @property
+    def watermark(self) -> float:
+        """The operator's watermark: every record with a timestamp at or below it is late."""
+        return self._op.watermark
+
+    @property
+    def is_late(self) -> bool:
+        return self.timestamp is not None and self.timestamp <= self._op.watermark
+
+    def register_event_time(self, timestamp: float) -> None:
+        self._op.timers.register(EVENT, self.key, timestamp)
+
+    def register_processing_time(self, timestamp: float) -> None:
+        self._op.timers.register(PROCESSING, self.key, timestamp)
+
+    def delete_event_time(self, timestamp: float) -> None:
+        self._op.timers.delete(EVENT, self.key, timestamp)
+
+    def delete_processing_time(self, timestamp: float) -> None:
+        self._op.timers.delete(PROCESSING, self.key, timestamp)
+
+
+class TimedOperator(Operator):
+    """A keyed operator with a watermark and timers in its state. Subclasses implement
+    ``fire(key, timestamp, domain)`` and keep their per-key data in ``keyed_state()`` /
+    ``restore_keyed`` (a map key -> value, split by key group on a rescale)."""
+
+    key_fn: Callable[[Any], Any] | None = None
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        if "timers" not in self.__dict__:
+            self.timers = TimerService()
+            self.watermark = MIN_WATERMARK
+
+    # -- subclass hooks -----------------------------------------------------------------
+
+    def fire(self, key: Any, timestamp: float, domain: int) -> list[Any]:
+        raise NotImplementedError
+
+    def keyed_state(self) -> dict[Any, Any]:
+        raise NotImplementedError
+
+    def restore_keyed(self, values: dict[Any, Any]) -> None:
+        raise NotImplementedError
+
+    # -- time -----------------------------------------------------------------------------
+
+    def on_watermark(self, watermark: float) -> list[Any]:
+        self.watermark = watermark
+        out: list[Any] = []
+        for key, ts in self.timers.pop_due(EVENT, watermark):
+            out.extend(self.fire(key, ts, EVENT))
+        return out
+
+    def next_processing_timer(self) -> float | None:
+        return self.timers.next_due(PROCESSING)
+
+    def on_processing_time(self, now: float) -> list[Any]:
+        out: list[Any] = []
+        for key, ts in self.timers.pop_due(PROCESSING, now):
+            out.extend(self.fire(key, ts, PROCESSING))
+        return out
+
+    # -- state ----------------------------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        return {"keys": self.keyed_state(), "timers": self.timers.snapshot(), "watermark": self.watermark}
+
+    def restore(self, state: Any) -> None:
+        self.restore_keyed(dict(state["keys"]))
+        self.timers.restore(state["timers"])
+        self.watermark = state["watermark"]
+
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
+        """Keys and timers by key group; the watermark is the lowest of the old subtasks'
+        (README, "Event time": a key that moves may see a record its old subtask would
+        have called late)."""
+        keys: dict[Any, Any] = {}
+        timers: list[Any] = []
+        marks = []
+        for s in old:
+            if s:
+                keys.update((k, v) for k, v in s["keys"].items() if owns(k))
+                timers.extend(t for t in s["timers"] if owns(t[2]))
+                marks.append(s["watermark"])
+        return {"keys": keys, "timers": timers, "watermark": min(marks) if marks else MIN_WATERMARK}
+
+
+class KeyedTimedProcess(TimedOperator):
+    """Your keyed operator with timers: see the module docstring. ``apply_keyed`` gives it
+    the stream's key function; ``timestamp`` (a function of the record) gives
+    ``ctx.timestamp``."""
+
+    timestamp_fn: Callable[[Any], float] | None = None
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        if "values" not in self.__dict__:
+            self.values: dict[Any, Any] = {}
+        self._ctx = TimerContext(self)
+        self._view = KeyState(self.values)
+
+    def process_key(self, key: Any, record: Any, state: KeyState, ctx: TimerContext) -> Iterable[Any] | None:
+        raise NotImplementedError("implement process_key(key, record, state, ctx) in your KeyedTimedProcess")
+
+    def on_timer(self, key: Any, timestamp: float, domain: int, state: KeyState,
+                 ctx: TimerContext) -> Iterable[Any] | None:
+        """A timer of ``key`` fired (``domain``: EVENT or PROCESSING). Default: nothing."""
+        return None
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        key_fn, ts_fn, ctx, view = self.key_fn, self.timestamp_fn, self._ctx, self._view
+        for record in batch:
+            key = key_fn(record) if key_fn is not None else record
+            ctx.key = view.key = key
+            ctx.timestamp = ts_fn(record) if ts_fn is not None else None
+            emitted = self.process_key(key, record, view, ctx)
+            if emitted:
+                out.extend(emitted)
+        return out
+
+    def fire(self, key: Any, timestamp: float, domain: int) -> list[Any]:
+        ctx, view = self._ctx, self._view
+        ctx.key = view.key = key
+        ctx.timestamp = timestamp
+        emitted = self.on_timer(key, timestamp, domain, view, ctx)
+        return list(emitted) if emitted else []
+
+    def keyed_state(self) -> dict[Any, Any]:
+        return self.values
+
+    def restore_keyed(self, values: dict[Any, Any]) -> None:
+        self.values = values
+        self._view = KeyState(self.values)

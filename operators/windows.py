@@ -1,0 +1,252 @@
+"""Event-time windows per key: tumbling, sliding and session; reduce, aggregate or a
+process-window function; allowed lateness; late records on a side output.
+
+Semantics (Flink's, with its EventTimeTrigger):
+- A window is ``[start, end)``; its last timestamp is ``end - 1``. A record belongs to the
+  windows its timestamp falls in (one tumbling, ``size / slide`` sliding, one session
+  window that merges with every session of its key it touches: ``gap`` after a record,
+  inclusive).
+- A window fires when the watermark reaches ``end - 1``. It is kept ``allowed_lateness``
+  more: a record for it that arrives meanwhile fires it again at once, with the updated
+  result. At ``end - 1 + allowed_lateness`` it is purged.
+- A record none of whose windows is still kept is late: it goes to the side output
+  (``.late``) if the dataflow takes it, otherwise it is dropped and reported (as a
+  skipped record: the job's ``skipped_records`` counts it and the log names it). Never
+  silently.
+- Results: reduce and aggregate emit ``(key, start, end, value)``; a process-window
+  function ``fn(key, start, end, records)`` emits what it returns. The results of one
+  watermark come out in (timer timestamp, key encoding) order: a deterministic order.
+
+State: per key, its windows ``[start, end, accumulator]`` (a process-window function's
+accumulator is the window's records), its timers and the watermark: exactly what a
+restore needs to fire each window once with the same contents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .timers import EVENT, TimedOperator
+
+REDUCE, AGGREGATE, PROCESS = "reduce", "aggregate", "process"
+
+
+class LateRecord(Exception):
+    """A record came after every window it belongs to was purged (its job takes no ``.late``
+    stream): reported as a skipped record."""
+
+
+@dataclass(frozen=True)
+class TumblingWindows:
+    size: int
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("size", self.size)
+
+    def assign(self, ts: Any) -> list[tuple[Any, Any]]:
+        start = ts - (ts - self.offset) % self.size
+        return [(start, start + self.size)]
+
+
+@dataclass(frozen=True)
+class SlidingWindows:
+    size: int
+    slide: int
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("size", self.size)
+        _positive("slide", self.slide)
+        if self.slide > self.size:
+            raise ValueError(f"slide ({self.slide}) must be at most size ({self.size}): a record would fall in no "
+                             "window between them")
+
+    def assign(self, ts: Any) -> list[tuple[Any, Any]]:
+        last = ts - (ts - self.offset) % self.slide
+        out = []
+        start = last
+        while start > ts - self.size:
+            out.append((start, start + self.size))
+            start -= self.slide
+        return out
+
+
+@dataclass(frozen=True)
+class SessionWindows:
+    gap: int
+
+    def __post_init__(self) -> None:
+        _positive("gap", self.gap)
+
+    def assign(self, ts: Any) -> list[tuple[Any, Any]]:
+        return [(ts, ts + self.gap)]
+
+
+Windows = TumblingWindows | SlidingWindows | SessionWindows
+
+
+def _positive(name: str, v: Any) -> None:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+        raise ValueError(f"window {name} must be a number > 0, got {v!r}")
+
+
+class WindowOperator(TimedOperator):
+    """Windows of one key function (see the module docstring). ``kind`` is REDUCE
+    (``fn(acc, record)``), AGGREGATE (``create``, ``add``, ``result``, ``merge``) or PROCESS
+    (``fn(key, start, end, records)``)."""
+
+    def __init__(self, windows: Windows, timestamp: Callable[[Any], Any], kind: str, fn: Callable[..., Any],
+                 key_fn: Callable[[Any], Any] | None = None, allowed_lateness: int = 0,
+                 create: Callable[[], Any] | None = None, result: Callable[[Any], Any] | None = None,
+                 merge: Callable[[Any, Any], Any] | None = None):
+        self.windows = windows
+        self.timestamp = timestamp
+        self.kind = kind
+        self.fn = fn
+        self.key_fn = key_fn
+        self.allowed_lateness = allowed_lateness
+        self.create, self.result, self.merge = create, result, merge
+        self.sessions = isinstance(windows, SessionWindows)
+        self.late_stream = False  #: the dataflow takes ``.late``: late records go to the side output
+        self.state: dict[Any, list[list[Any]]] = {}  #: key -> its windows [start, end, acc], by start
+        self.side: list[Any] = []
+        self.skipped: list[tuple[Any, BaseException]] = []
+        self.on_error = "skip"  # late records without a late stream are reported as skipped
+
+    # -- records --------------------------------------------------------------------------
+
+    def _add(self, acc: Any, record: Any, fresh: bool) -> Any:
+        if self.kind == REDUCE:
+            return record if fresh else self.fn(acc, record)
+        if self.kind == AGGREGATE:
+            return self.fn(self.create() if fresh else acc, record)  # type: ignore[misc]
+        if fresh:
+            return [record]
+        acc.append(record)
+        return acc
+
+    def _merged(self, a: Any, b: Any) -> Any:
+        if self.kind == REDUCE:
+            return self.fn(a, b)
+        if self.kind == AGGREGATE:
+            return self.merge(a, b)  # type: ignore[misc]
+        return a + b
+
+    def _is_late(self, end: Any) -> bool:
+        return bool(end - 1 + self.allowed_lateness <= self.watermark)
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        key_fn, ts_fn, state = self.key_fn, self.timestamp, self.state
+        for record in batch:
+            key = key_fn(record) if key_fn is not None else record
+            ts = ts_fn(record)
+            wins = state.get(key)
+            if wins is None:
+                wins = state[key] = []
+            if self.sessions:
+                accepted = self._add_to_session(key, wins, ts, record, out)
+            else:
+                accepted = False
+                for start, end in self.windows.assign(ts):
+                    if self._is_late(end):
+                        continue
+                    accepted = True
+                    self._add_to_window(key, wins, start, end, record, out)
+            if not wins:
+                del state[key]
+            if not accepted:
+                self._late(record, ts)
+        return out
+
+    def _add_to_window(self, key: Any, wins: list[list[Any]], start: Any, end: Any, record: Any,
+                       out: list[Any]) -> None:
+        for w in wins:
+            if w[0] == start:
+                w[2] = self._add(w[2], record, False)
+                break
+        else:
+            w = [start, end, self._add(None, record, True)]
+            wins.append(w)
+            wins.sort(key=lambda x: x[0])
+            self.timers.register(EVENT, key, end - 1)
+            if self.allowed_lateness:
+                self.timers.register(EVENT, key, end - 1 + self.allowed_lateness)
+        if end - 1 <= self.watermark:  # fired already, still kept: fire again with this record
+            out.extend(self._emit(key, w))
+
+    def _add_to_session(self, key: Any, wins: list[list[Any]], ts: Any, record: Any, out: list[Any]) -> bool:
+        start, end = ts, ts + self.windows.gap  # type: ignore[union-attr]
+        touching = [w for w in wins if w[0] <= end and start <= w[1]]
+        for w in touching:
+            start, end = min(start, w[0]), max(end, w[1])
+        if self._is_late(end):
+            return False
+        acc: Any = None
+        for w in touching:
+            acc = w[2] if acc is None else self._merged(acc, w[2])
+            wins.remove(w)
+        merged = [start, end, self._add(acc, record, acc is None)]
+        wins.append(merged)
+        wins.sort(key=lambda x: x[0])
+        # The old windows' timers stay: a timer finds what is due when it fires (lazily).
+        self.timers.register(EVENT, key, end - 1)
+        if self.allowed_lateness:
+            self.timers.register(EVENT, key, end - 1 + self.allowed_lateness)
+        if end - 1 <= self.watermark:
+            out.extend(self._emit(key, merged))
+        return True
+
+    def _late(self, record: Any, ts: Any) -> None:
+        if self.late_stream:
+            self.side.append(record)
+        else:
+            self.skipped.append((record, LateRecord(
+                f"late record dropped: timestamp {ts} is behind the watermark {self.watermark} by more than the "
+                f"allowed lateness {self.allowed_lateness}; take the window's .late stream to keep such records")))
+
+    def take_side_output(self) -> list[Any]:
+        side, self.side = self.side, []
+        return side
+
+    # -- firing -----------------------------------------------------------------------------
+
+    def _emit(self, key: Any, w: list[Any]) -> list[Any]:
+        start, end, acc = w
+        if self.kind == PROCESS:
+            got = self.fn(key, start, end, list(acc))
+            return list(got) if got else []
+        return [(key, start, end, self.result(acc) if self.result is not None else acc)]
+
+    def fire(self, key: Any, timestamp: float, domain: int) -> list[Any]:
+        wins = self.state.get(key)
+        if not wins:
+            return []
+        out: list[Any] = []
+        for w in list(wins):
+            if w[1] - 1 == timestamp:
+                out.extend(self._emit(key, w))
+            if w[1] - 1 + self.allowed_lateness <= timestamp:
+                wins.remove(w)
+        if not wins:
+            del self.state[key]
+        return out
+
+    # -- state ------------------------------------------------------------------------------
+
+    def keyed_state(self) -> dict[Any, Any]:
+        return self.state
+
+    def restore_keyed(self, values: dict[Any, Any]) -> None:
+        # Decoded windows are tuples: lists again (and a process function's records too).
+        self.state = {k: [[w[0], w[1], list(w[2]) if self.kind == PROCESS else w[2]] for w in wins]
+                      for k, wins in values.items()}
+
+
+def check_windows(windows: Any) -> Windows:
+    if not isinstance(windows, (TumblingWindows, SlidingWindows, SessionWindows)):
+        raise TypeError(f"windows must be TumblingWindows, SlidingWindows or SessionWindows, got "
+                        f"{type(windows).__name__}")
+    return windows

@@ -1,0 +1,173 @@
+"""Window operators driven directly (batches and watermarks, as a task drives them):
+tumbling, sliding and session windows against plain batch groupings; allowed lateness,
+re-firing and late records against a worked-out sequence; a restore in the middle of a
+window (through msgpack, as a checkpoint holds it) changes nothing."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+
+from abs_engine import codec
+from operators.base import OperatorContext
+from operators.windows import (AGGREGATE, PROCESS, REDUCE, SessionWindows, SlidingWindows, TumblingWindows,
+                               WindowOperator)
+
+CTX = OperatorContext("w", 0, 1, 0, False)
+
+
+def make(windows, kind=AGGREGATE, lateness=0, late_stream=True):
+    if kind == AGGREGATE:
+        op = WindowOperator(windows, lambda r: r[1], AGGREGATE, lambda a, r: a + 1, key_fn=lambda r: r[0],
+                            allowed_lateness=lateness, create=lambda: 0, merge=lambda a, b: a + b)
+    elif kind == REDUCE:
+        op = WindowOperator(windows, lambda r: r[1], REDUCE, lambda a, r: (a[0], max(a[1], r[1])),
+                            key_fn=lambda r: r[0], allowed_lateness=lateness)
+    else:
+        op = WindowOperator(windows, lambda r: r[1], PROCESS,
+                            lambda k, s, e, recs: [(k, s, e, sorted(t for _, t in recs))],
+                            key_fn=lambda r: r[0], allowed_lateness=lateness)
+    op.late_stream = late_stream
+    op.open(CTX)
+    return op
+
+
+def drive(op, steps, restore_at=None, factory=None):
+    """steps: [(batch, watermark)]; returns (results, late records)."""
+    out, late = [], []
+    for i, (batch, wm) in enumerate(steps):
+        if i == restore_at:
+            snap = codec.unpack(codec.pack(op.snapshot(i)))
+            op = factory()
+            op.restore(snap)
+        out += op.process(batch)
+        out += op.on_watermark(wm)
+        late += op.take_side_output()
+    return out, late
+
+
+def out_of_order(seed, n=400, keys="abcd", delay=50):
+    """Records with timestamps up to ``delay`` behind the newest, and a watermark after every
+    batch that trails the newest by ``delay`` (Flink's rule): nothing is late."""
+    rng = random.Random(seed)
+    steps, now = [], 0
+    for _ in range(n // 8):
+        batch = []
+        for _ in range(8):
+            now += rng.randrange(0, 7)
+            batch.append((rng.choice(keys), max(0, now - rng.randrange(0, delay))))
+        steps.append((batch, now - delay - 1))
+    steps[-1] = (steps[-1][0], float("inf"))
+    return steps
+
+
+def records_of(steps):
+    return [r for b, _ in steps for r in b]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tumbling_and_sliding_match_a_batch_grouping(seed):
+    steps = out_of_order(seed)
+    recs = records_of(steps)
+    for windows in (TumblingWindows(100), SlidingWindows(100, 25), TumblingWindows(60, offset=7)):
+        expected = defaultdict(int)
+        for k, t in recs:
+            for s, e in windows.assign(t):
+                assert s <= t < e
+                expected[(k, s, e)] += 1
+        out, late = drive(make(windows), steps)
+        assert late == []
+        assert sorted(out) == sorted((k, s, e, c) for (k, s, e), c in expected.items())
+        # an independent check of assign(): every window of that size containing t
+        if isinstance(windows, SlidingWindows):
+            for _, t in recs[:50]:
+                starts = {s for s, _ in windows.assign(t)}
+                assert starts == {s for s in range(t - 99, t + 1) if s % 25 == 0}
+
+
+def sessions_oracle(recs, gap):
+    by_key = defaultdict(list)
+    for k, t in recs:
+        by_key[k].append(t)
+    out = []
+    for k, ts in by_key.items():
+        ts.sort()
+        start, last, n = ts[0], ts[0], 0
+        for t in ts:
+            if t > last + gap:  # a record gap after the last or more apart starts a new session
+                out.append((k, start, last + gap, n))
+                start, n = t, 0
+            last, n = max(last, t), n + 1
+        out.append((k, start, last + gap, n))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sessions_match_a_batch_sessionisation(seed):
+    steps = out_of_order(seed, keys="ab")
+    out, late = drive(make(SessionWindows(8)), steps)
+    assert late == []
+    assert sorted(out) == sessions_oracle(records_of(steps), 8)
+
+
+def test_process_window_sees_the_window_records():
+    steps = out_of_order(7)
+    out, _ = drive(make(TumblingWindows(100), kind=PROCESS), steps)
+    expected = defaultdict(list)
+    for k, t in records_of(steps):
+        expected[(k, t - t % 100)].append(t)
+    assert sorted(out) == sorted((k, s, s + 100, sorted(ts)) for (k, s), ts in expected.items())
+
+
+@pytest.mark.parametrize("windows", [TumblingWindows(100), SlidingWindows(100, 20), SessionWindows(15)],
+                         ids=["tumbling", "sliding", "session"])
+@pytest.mark.parametrize("kind", [AGGREGATE, REDUCE, PROCESS])
+def test_a_restore_in_the_middle_of_windows_changes_nothing(windows, kind):
+    steps = out_of_order(11)
+    plain = drive(make(windows, kind, lateness=30), steps)
+    for at in (3, 17, 40):
+        assert drive(make(windows, kind, lateness=30), steps, restore_at=at,
+                     factory=lambda: make(windows, kind, lateness=30)) == plain
+
+
+def test_allowed_lateness_refires_then_late_records_go_to_the_side_output():
+    op = make(TumblingWindows(10), lateness=5)
+    steps = [
+        ([("k", 1), ("k", 4)], 8),     # window [0,10) holds 2, not due yet (its last timestamp is 9)
+        ([("k", 7)], 9),               # due: fires with 3
+        ([("k", 2)], 9),               # late but within the lateness: fires again with 4
+        ([("k", 12)], 14),             # window [10,20) opens; [0,10) is purged at 9 + 5 = 14
+        ([("k", 3), ("k", 15)], 30),   # 3: every window of it purged -> late; [10,20) fires with 2
+    ]
+    out, late = drive(op, steps)
+    assert out == [("k", 0, 10, 3), ("k", 0, 10, 4), ("k", 10, 20, 2)]
+    assert late == [("k", 3)]
+
+
+def test_late_records_without_a_late_stream_are_reported_not_silent():
+    op = make(TumblingWindows(10), late_stream=False)
+    drive(op, [([("k", 1)], 20), ([("k", 2)], 20)])
+    assert [r for r, _ in op.skipped] == [("k", 2)]
+    assert "late" in str(op.skipped[0][1]) and ".late" in str(op.skipped[0][1])
+
+
+def test_session_merge_of_a_fired_session_within_lateness():
+    op = make(SessionWindows(5), lateness=20)
+    out, late = drive(op, [
+        ([("k", 0)], 10),    # session [0,5) fires with 1
+        ([("k", 7)], 10),    # session [7,12): not due
+        ([("k", 4)], 30),    # [4,9) bridges both: merged [0,12) with 3, fired at once and purged by 30
+    ])
+    assert out == [("k", 0, 5, 1), ("k", 0, 12, 3)]
+    assert late == []
+
+
+def test_bad_windows_are_refused():
+    with pytest.raises(ValueError, match="slide"):
+        SlidingWindows(10, 20)
+    with pytest.raises(ValueError, match="size"):
+        TumblingWindows(0)
+    with pytest.raises(ValueError, match="gap"):
+        SessionWindows(-1)
