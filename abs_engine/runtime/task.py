@@ -570,8 +570,7 @@ class Task:
                 self.control.send(messages.Committed(self.spec.id))
                 self.stop = True
             if msg.stop:  # stop with a savepoint: hold every connection open until told to go
-                while not isinstance(self.control.receive(), messages.Shutdown):
-                    pass
+                self._await_shutdown()
         elif isinstance(msg, messages.EndLoop):
             if not self.loop_ended:
                 self.loop_ended = True
@@ -582,6 +581,31 @@ class Task:
                 self._maybe_finish()
         elif isinstance(msg, messages.Shutdown):
             self.stop = True
+
+    def _await_shutdown(self) -> None:
+        """Stopped with a savepoint: wait for Shutdown with every connection held open, and
+        read and discard what still arrives on the inputs. A producer may be blocked sending
+        to this task (backpressure) with its own stop notification unread behind that send:
+        if this task stopped reading, that producer would never commit and the job would
+        never stop. Everything unread here came after the savepoint's barrier (savepoints are
+        aligned, and this task acknowledged it), so a job started from the savepoint reads
+        it again: discarding it loses nothing."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.control.sock, selectors.EVENT_READ, None)
+            for ch in self.inputs.values():
+                if not ch.ended:
+                    sel.register(ch.sock, selectors.EVENT_READ, ch)
+            while True:
+                if any(isinstance(m, messages.Shutdown) for m in self.control.poll()):
+                    return
+                for key, _ in sel.select(timeout=1.0):
+                    if key.data is not None:
+                        try:
+                            _, closed = key.data.wire.read_nowait(RECV_SIZE, 8 * RECV_SIZE)
+                        except OSError:
+                            closed = True
+                        if closed:  # its producer exited (it was told to go first)
+                            sel.unregister(key.fileobj)
 
     def _maybe_finish(self) -> None:
         if self.finished or not self.aligner.all_ended:

@@ -13,9 +13,11 @@ import time
 
 import pytest
 
+from abs_engine import Dataflow
 from abs_engine.checkpoint.remote import open_storage
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
 from abs_engine.testing import CapturingSink, write_zipf_corpus
+from operators.generators import RangeSource
 from tests.abs_engine.executors.test_rescaling import pipeline, pipeline_oracle
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -110,3 +112,44 @@ def test_the_cli_stops_a_running_job_with_a_savepoint(tmp_path):
         if job.poll() is None:
             job.kill()
     assert open_storage(savepoint).completed_ids()
+
+
+def _padded(i: int) -> tuple[int, str]:
+    return i, "x" * 10_000  # frames far larger than socket buffers: a blocked send is mid-frame
+
+
+def _slow_unless_told(r: tuple[int, str]) -> int:
+    if os.environ.get("ABS_TEST_SLOW_CONSUMER"):
+        time.sleep(0.001)  # the bottleneck: its producer is blocked sending nearly all the time
+    return r[0]
+
+
+def backpressured(sink_dir: str):  # type: ignore[no-untyped-def]
+    flow = Dataflow("backpressured")
+    (flow.source(RangeSource(BACKPRESSURED_N, batch_size=100), "read", parallelism=1).map(_padded, "pad")
+     .rebalance().map(_slow_unless_told, "slow", parallelism=2)
+     .sink(CapturingSink(sink_dir), "out", parallelism=1))
+    return flow
+
+
+BACKPRESSURED_N = 30_000
+
+
+@pytest.mark.timeout(120)
+def test_stopping_with_a_savepoint_under_backpressure_stops_and_loses_nothing(tmp_path, monkeypatch):
+    """A consumer told to stop keeps reading (and discarding) its inputs until it may go: its
+    producer, blocked sending to it with its own stop notification unread, must get to commit
+    too. (When consumers stopped reading, this job never stopped.) What was discarded came
+    after the savepoint, so the job resumed from it ends exactly once."""
+    sink_dir = str(tmp_path / "out")
+    monkeypatch.setenv("ABS_TEST_SLOW_CONSUMER", "1")
+    res = backpressured(sink_dir).run(checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"),
+                                      savepoint_dir=str(tmp_path / "sp"), channel_buffer=65536,
+                                      stop_when=sigterm_after(1))
+    assert res.stopped_with_savepoint and res.restarts == 0 and res.failures == []
+    assert not any(c.final for c in res.checkpoints)
+    monkeypatch.delenv("ABS_TEST_SLOW_CONSUMER")
+    again = backpressured(sink_dir).run(checkpoint_interval=0.5, checkpoint_dir=str(tmp_path / "ck2"),
+                                        restore_from=res.savepoint)
+    assert again.restored_from[0] == open_storage(res.savepoint).completed_ids()[0]
+    assert sorted(CapturingSink(sink_dir).records()) == list(range(BACKPRESSURED_N))

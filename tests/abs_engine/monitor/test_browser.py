@@ -121,11 +121,11 @@ def test_dashboard_of_a_running_job_and_its_report(browser, tmp_path: Path) -> N
     finally:
         proc.send_signal(signal.SIGTERM)  # stop with a savepoint, its sinks committed
         try:
-            proc.communicate(timeout=120)
+            _, log = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0
+            _, log = proc.communicate()
+    assert proc.returncode == 0, f"the job did not stop cleanly on SIGTERM; its log ends:\n{log[-4000:]}"
 
     out = tmp_path / "report.html"
     assert cli.main(["report", str(tmp_path / "ckpt"), "-o", str(out)]) == 0
