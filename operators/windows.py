@@ -24,6 +24,7 @@ restore needs to fire each window once with the same contents.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -110,7 +111,11 @@ class WindowOperator(TimedOperator):
         self.create, self.result, self.merge = create, result, merge
         self.sessions = isinstance(windows, SessionWindows)
         self.late_stream = False  #: the dataflow takes ``.late``: late records go to the side output
-        self.state: dict[Any, list[list[Any]]] = {}  #: key -> its windows [start, end, acc], by start
+        #: key -> start -> its window [start, end, acc] (a session's start moves when it merges)
+        self.state: dict[Any, dict[Any, list[Any]]] = {}
+        #: Sessions only: key -> (its sessions' starts in order, end -> start). A key's sessions
+        #: never touch (touching ones merge), so in start order their ends are in order too.
+        self.sessions_of: dict[Any, tuple[list[Any], dict[Any, Any]]] = {}
         self.side: list[Any] = []
         self.skipped: list[tuple[Any, BaseException]] = []
         self.on_error = "skip"  # late records without a late stream are reported as skipped
@@ -145,7 +150,7 @@ class WindowOperator(TimedOperator):
             ts = ts_fn(record)
             wins = state.get(key)
             if wins is None:
-                wins = state[key] = []
+                wins = state[key] = {}
             if self.sessions:
                 accepted = self._add_to_session(key, wins, ts, record, out)
             else:
@@ -157,29 +162,36 @@ class WindowOperator(TimedOperator):
                     self._add_to_window(key, wins, start, end, record, out)
             if not wins:
                 del state[key]
+                self.sessions_of.pop(key, None)
             if not accepted:
                 self._late(record, ts)
         return out
 
-    def _add_to_window(self, key: Any, wins: list[list[Any]], start: Any, end: Any, record: Any,
+    def _add_to_window(self, key: Any, wins: dict[Any, list[Any]], start: Any, end: Any, record: Any,
                        out: list[Any]) -> None:
-        for w in wins:
-            if w[0] == start:
-                w[2] = self._add(w[2], record, False)
-                break
+        w = wins.get(start)
+        if w is not None:
+            w[2] = self._add(w[2], record, False)
         else:
-            w = [start, end, self._add(None, record, True)]
-            wins.append(w)
-            wins.sort(key=lambda x: x[0])
-            self.timers.register(EVENT, key, end - 1)
+            w = wins[start] = [start, end, self._add(None, record, True)]
+            if end - 1 > self.watermark:  # else it fires below, at once, and never again by a timer
+                self.timers.register(EVENT, key, end - 1)
             if self.allowed_lateness:
                 self.timers.register(EVENT, key, end - 1 + self.allowed_lateness)
         if end - 1 <= self.watermark:  # fired already, still kept: fire again with this record
             out.extend(self._emit(key, w))
 
-    def _add_to_session(self, key: Any, wins: list[list[Any]], ts: Any, record: Any, out: list[Any]) -> bool:
+    def _add_to_session(self, key: Any, wins: dict[Any, list[Any]], ts: Any, record: Any, out: list[Any]) -> bool:
         start, end = ts, ts + self.windows.gap  # type: ignore[union-attr]
-        touching = [w for w in wins if w[0] <= end and start <= w[1]]
+        starts, ends = self.sessions_of.get(key) or self.sessions_of.setdefault(key, ([], {}))
+        # The sessions it touches: starting at or before its end, ending at or after its start
+        # (a few, found from the right in start order: however many the key has open).
+        touching: list[list[Any]] = []
+        i = bisect_right(starts, end)
+        while i > 0 and wins[starts[i - 1]][1] >= start:
+            i -= 1
+            touching.append(wins[starts[i]])
+        touching.reverse()  # merged in start order: the same in every run and after a restore
         for w in touching:
             start, end = min(start, w[0]), max(end, w[1])
         if self._is_late(end):
@@ -187,17 +199,24 @@ class WindowOperator(TimedOperator):
         acc: Any = None
         for w in touching:
             acc = w[2] if acc is None else self._merged(acc, w[2])
-            wins.remove(w)
-        merged = [start, end, self._add(acc, record, acc is None)]
-        wins.append(merged)
-        wins.sort(key=lambda x: x[0])
+            self._drop_session(key, wins, w)
+        merged = wins[start] = [start, end, self._add(acc, record, acc is None)]
+        insort(starts, start)
+        ends[end] = start
         # The old windows' timers stay: a timer finds what is due when it fires (lazily).
-        self.timers.register(EVENT, key, end - 1)
+        if end - 1 > self.watermark:
+            self.timers.register(EVENT, key, end - 1)
         if self.allowed_lateness:
             self.timers.register(EVENT, key, end - 1 + self.allowed_lateness)
         if end - 1 <= self.watermark:
             out.extend(self._emit(key, merged))
         return True
+
+    def _drop_session(self, key: Any, wins: dict[Any, list[Any]], w: list[Any]) -> None:
+        starts, ends = self.sessions_of[key]
+        del wins[w[0]]
+        del starts[bisect_left(starts, w[0])]
+        del ends[w[1]]
 
     def _late(self, record: Any, ts: Any) -> None:
         if self.late_stream:
@@ -221,28 +240,53 @@ class WindowOperator(TimedOperator):
         return [(key, start, end, self.result(acc) if self.result is not None else acc)]
 
     def fire(self, key: Any, timestamp: float, domain: int) -> list[Any]:
+        """The key's window whose last timestamp is ``timestamp`` fires; the one whose
+        lateness ends there is purged (every window registered both timers when it took its
+        final end). Fixed-size windows are found by their start, sessions by their end (a
+        merged session's old timers find nothing, or the session that now ends there)."""
         wins = self.state.get(key)
         if not wins:
             return []
         out: list[Any] = []
-        for w in list(wins):
-            if w[1] - 1 == timestamp:
+        if self.sessions:
+            ends = self.sessions_of[key][1]
+            start = ends.get(timestamp + 1)
+            if start is not None:
+                out.extend(self._emit(key, wins[start]))
+            start = ends.get(timestamp + 1 - self.allowed_lateness)
+            if start is not None:
+                self._drop_session(key, wins, wins[start])
+        else:
+            size = self.windows.size  # type: ignore[union-attr]
+            w = wins.get(timestamp + 1 - size)
+            if w is not None:
                 out.extend(self._emit(key, w))
-            if w[1] - 1 + self.allowed_lateness <= timestamp:
-                wins.remove(w)
+                if not self.allowed_lateness:
+                    del wins[w[0]]
+            if self.allowed_lateness:
+                wins.pop(timestamp + 1 - self.allowed_lateness - size, None)
         if not wins:
             del self.state[key]
+            self.sessions_of.pop(key, None)
         return out
 
     # -- state ------------------------------------------------------------------------------
 
     def keyed_state(self) -> dict[Any, Any]:
-        return self.state
+        """key -> its windows ``[start, end, acc]`` in start order (a new map: the task
+        encodes it before the next record)."""
+        return {k: sorted(wins.values(), key=_start) for k, wins in self.state.items()}
 
     def restore_keyed(self, values: dict[Any, Any]) -> None:
         # Decoded windows are tuples: lists again (and a process function's records too).
-        self.state = {k: [[w[0], w[1], list(w[2]) if self.kind == PROCESS else w[2]] for w in wins]
+        self.state = {k: {w[0]: [w[0], w[1], list(w[2]) if self.kind == PROCESS else w[2]] for w in wins}
                       for k, wins in values.items()}
+        if self.sessions:
+            self.sessions_of = {k: (sorted(wins), {w[1]: w[0] for w in wins.values()}) for k, wins in self.state.items()}
+
+
+def _start(w: list[Any]) -> Any:
+    return w[0]
 
 
 def check_windows(windows: Any) -> Windows:

@@ -132,6 +132,26 @@ def test_a_restore_in_the_middle_of_windows_changes_nothing(windows, kind):
                      factory=lambda: make(windows, kind, lateness=30)) == plain
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_merged_sessions_hand_over_their_records_in_the_same_order_after_a_restore(seed):
+    """A process-window function sees a merged session's records in session start order in
+    an uninterrupted run and after any restore (not in the order the sessions opened, which
+    a restore does not keep)."""
+    def factory():
+        op = WindowOperator(SessionWindows(10), lambda r: r[1], PROCESS,
+                            lambda k, s, e, recs: [(k, s, e, tuple(t for _, t in recs))],
+                            key_fn=lambda r: r[0], allowed_lateness=20)
+        op.late_stream = True
+        op.open(CTX)
+        return op
+
+    steps = out_of_order(seed, n=800, keys="ab", delay=60)
+    plain = drive(factory(), steps)
+    assert any(list(r[3]) != sorted(r[3]) for r in plain[0])  # the order is the arrival order, not sorted
+    for at in range(1, len(steps), 7):
+        assert drive(factory(), steps, restore_at=at, factory=factory) == plain
+
+
 def test_allowed_lateness_refires_then_late_records_go_to_the_side_output():
     op = make(TumblingWindows(10), lateness=5)
     steps = [
@@ -144,6 +164,18 @@ def test_allowed_lateness_refires_then_late_records_go_to_the_side_output():
     out, late = drive(op, steps)
     assert out == [("k", 0, 10, 3), ("k", 0, 10, 4), ("k", 10, 20, 2)]
     assert late == [("k", 3)]
+
+
+def test_a_window_opened_within_its_lateness_fires_once_per_record():
+    op = make(TumblingWindows(10), lateness=25)
+    out, late = drive(op, [
+        ([("k", 25)], 30),   # [20,30) fires with 1
+        ([("k", 3)], 30),    # [0,10) is new but within its lateness (9 + 25 > 30): fires at once with 1
+        ([("k", 35)], 40),   # ... and not again by a timer when the watermark moves on
+        ([("k", 4)], 40),    # 9 + 25 <= 40: late
+    ])
+    assert out == [("k", 20, 30, 1), ("k", 0, 10, 1), ("k", 30, 40, 1)]
+    assert late == [("k", 4)]
 
 
 def test_late_records_without_a_late_stream_are_reported_not_silent():
