@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import heapq
 from abc import abstractmethod
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .base import OperatorContext, Source, T
 
 
 class Progressions:
     """What a subtask has left to read of ``range(stop)``: arithmetic progressions
-    ``[next, step]``, read one after the other. Subtask k of p starts with one, ``[k, p]``.
+    ``[next, step]``, read merged in increasing index order (so a subtask's records stay in
+    index order after a rescale too: where the index is event time, as in Nexmark, its
+    timestamps stay ascending and an ``ascending()`` watermark stays true). Subtask k of p
+    starts with one, ``[k, p]``.
 
     Rescaling pools every old subtask's unread progressions and splits each of them
     ``parallelism`` ways (subtask i takes ``[next + i*step, step*parallelism]``), so every
@@ -32,16 +36,29 @@ class Progressions:
             return Progressions(stop, [[state, parallelism]])
         return Progressions(stop, [[int(a), int(s)] for a, s in state])
 
-    def take(self, n: int) -> range | None:
-        """Up to ``n`` indices of the first unfinished progression, or None when all are read."""
-        while self.todo and self.todo[0][0] >= self.stop:
-            self.todo.pop(0)
-        if not self.todo:
+    def take(self, n: int) -> Sequence[int] | None:
+        """The next ``n`` (or fewer) unread indices in increasing order, or None when all
+        are read."""
+        todo = self.todo = [p for p in self.todo if p[0] < self.stop]
+        if not todo:
             return None
-        a, s = self.todo[0]
-        end = min(self.stop, a + s * n)
-        self.todo[0][0] = a + s * len(range(a, end, s))
-        return range(a, end, s)
+        if len(todo) == 1:
+            a, s = todo[0]
+            end = min(self.stop, a + s * n)
+            todo[0][0] = a + s * len(range(a, end, s))
+            return range(a, end, s)
+        out: list[int] = []  # several (after a rescale): merged
+        heap = [(a, i) for i, (a, _) in enumerate(todo)]
+        heapq.heapify(heap)
+        while heap and len(out) < n:
+            a, i = heap[0]
+            out.append(a)
+            todo[i][0] = a + todo[i][1]
+            if todo[i][0] < self.stop:
+                heapq.heapreplace(heap, (todo[i][0], i))
+            else:
+                heapq.heappop(heap)
+        return out
 
     def state(self) -> list[list[int]]:
         return [list(p) for p in self.todo]
@@ -70,7 +87,7 @@ class IndexSource(Source[T]):
         self.todo = Progressions.of_subtask(self.count, ctx.subtask_index, ctx.parallelism)
 
     @abstractmethod
-    def records(self, indices: range) -> list[T]:
+    def records(self, indices: Sequence[int]) -> list[T]:
         """The records at ``indices``."""
 
     def read_batch(self) -> list[T] | None:
@@ -97,8 +114,10 @@ class RangeSource(IndexSource[int]):
         self.start, self.stop, self.batch_size = start, stop, batch_size
         self.count = stop - start
 
-    def records(self, indices: range) -> list[int]:
-        return list(range(self.start + indices.start, self.start + indices.stop, indices.step))
+    def records(self, indices: Sequence[int]) -> list[int]:
+        if isinstance(indices, range):
+            return list(range(self.start + indices.start, self.start + indices.stop, indices.step))
+        return [self.start + i for i in indices]
 
     def restore(self, state: Any) -> None:
         # older checkpoints: the absolute next integer

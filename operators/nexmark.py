@@ -22,7 +22,7 @@ Events travel as lists (msgpack keeps no tuples):
 from __future__ import annotations
 
 import random
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from .generators import IndexSource
 
@@ -128,6 +128,6 @@ class NexmarkSource(IndexSource[list[Any]]):
                              f"{batch_size})")
         self.count, self.seed, self.rate, self.batch_size = count, seed, rate, batch_size
 
-    def records(self, indices: range) -> list[list[Any]]:
+    def records(self, indices: Sequence[int]) -> list[list[Any]]:
         seed, rate = self.seed, self.rate
         return [event(n, seed, rate) for n in indices]

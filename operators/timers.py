@@ -151,6 +151,8 @@ class TimedOperator(Operator):
     # -- time -----------------------------------------------------------------------------
 
     def on_watermark(self, watermark: float) -> list[Any]:
+        if watermark <= self.watermark:  # (a restored watermark may be ahead of the inputs' first)
+            return []
         self.watermark = watermark
         out: list[Any] = []
         for key, ts in self.timers.pop_due(EVENT, watermark):

@@ -1,4 +1,5 @@
-"""Nexmark queries q0-q3 as dataflows, and their batch oracles.
+"""Nexmark queries q0-q3 as dataflows, and their batch oracles (q5, q7 and q8, over event
+time, are in windowed.py; QUERIES has them all).
 
 - q0 pass-through: every bid.
 - q1 currency conversion: every bid with its price in euros (``0.908 * price``).
@@ -8,8 +9,8 @@
   join keyed by person id: a person's details wait in keyed state for their auctions, and
   auctions that arrive before their seller wait for the seller.
 
-Each ``build_*(events, sink, parallelism, seed)`` ends in ``sink``; ``oracle_*(events, seed)``
-computes the same output in plain Python from the same generated events. Outputs are
+Each ``build_*(events, sink, parallelism, seed, rate)`` ends in ``sink``; ``oracle_*(events,
+seed, rate)`` computes the same output in plain Python from the same generated events. Outputs are
 compared as multisets (a parallel job interleaves its subtasks' records).
 """
 
@@ -19,7 +20,9 @@ from typing import Any, Callable
 
 from abs_engine import Dataflow
 from operators import Sink
-from operators.nexmark import AUCTION, BID, PERSON, NexmarkSource, events
+from operators.nexmark import AUCTION, BID, DEFAULT_RATE, PERSON, NexmarkSource, events
+
+from .windowed import build_q5, build_q7, build_q8, oracle_q5, oracle_q7, oracle_q8
 
 EURO_RATE = 0.908
 Q3_STATES = ("OR", "ID", "CA")
@@ -65,58 +68,69 @@ def q3_join(state: Any, e: Event) -> tuple[Any, list[Event]]:
     return [person, [*waiting, e[1]]], []
 
 
-def _source(flow: Dataflow, count: int, parallelism: int, seed: int) -> Any:
-    return flow.source(NexmarkSource(count, seed), "nexmark", parallelism=parallelism)
+def _source(flow: Dataflow, count: int, parallelism: int, seed: int, rate: int) -> Any:
+    return flow.source(NexmarkSource(count, seed, rate), "nexmark", parallelism=parallelism)
 
 
-def build_q0(count: int, sink: Sink, parallelism: int = 2, seed: int = 0) -> Dataflow:
+def build_q0(count: int, sink: Sink, parallelism: int = 2, seed: int = 0,
+             rate: int = DEFAULT_RATE) -> Dataflow:
     flow = Dataflow("nexmark-q0", parallelism=parallelism)
-    _source(flow, count, parallelism, seed).filter(is_bid, "bids").sink(sink, "out", parallelism=1)
+    _source(flow, count, parallelism, seed, rate).filter(is_bid, "bids").sink(sink, "out", parallelism=1)
     return flow
 
 
-def build_q1(count: int, sink: Sink, parallelism: int = 2, seed: int = 0) -> Dataflow:
+def build_q1(count: int, sink: Sink, parallelism: int = 2, seed: int = 0,
+             rate: int = DEFAULT_RATE) -> Dataflow:
     flow = Dataflow("nexmark-q1", parallelism=parallelism)
-    _source(flow, count, parallelism, seed).filter(is_bid, "bids").map(to_euro, "euro").sink(sink, "out", parallelism=1)
+    _source(flow, count, parallelism, seed, rate).filter(is_bid, "bids").map(to_euro, "euro").sink(sink, "out", parallelism=1)
     return flow
 
 
-def build_q2(count: int, sink: Sink, parallelism: int = 2, seed: int = 0) -> Dataflow:
+def build_q2(count: int, sink: Sink, parallelism: int = 2, seed: int = 0,
+             rate: int = DEFAULT_RATE) -> Dataflow:
     flow = Dataflow("nexmark-q2", parallelism=parallelism)
-    _source(flow, count, parallelism, seed).filter(q2_pick, "pick").map(q2_project, "project").sink(sink, "out", parallelism=1)
+    _source(flow, count, parallelism, seed, rate).filter(q2_pick, "pick").map(q2_project, "project").sink(sink, "out", parallelism=1)
     return flow
 
 
-def build_q3(count: int, sink: Sink, parallelism: int = 2, seed: int = 0) -> Dataflow:
+def build_q3(count: int, sink: Sink, parallelism: int = 2, seed: int = 0,
+             rate: int = DEFAULT_RATE) -> Dataflow:
     flow = Dataflow("nexmark-q3", parallelism=parallelism)
-    (_source(flow, count, parallelism, seed).filter(q3_side, "sides").key_by(q3_key)
+    (_source(flow, count, parallelism, seed, rate).filter(q3_side, "sides").key_by(q3_key)
      .stateful_map(q3_join, "join").flat_map(lambda kv: kv[1], "results").sink(sink, "out", parallelism=1))
     return flow
 
 
-def oracle_q0(count: int, seed: int = 0) -> list[Event]:
-    return [e for e in events(count, seed) if is_bid(e)]
+def oracle_q0(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
+    return [e for e in events(count, seed, rate) if is_bid(e)]
 
 
-def oracle_q1(count: int, seed: int = 0) -> list[Event]:
-    return [to_euro(e) for e in events(count, seed) if is_bid(e)]
+def oracle_q1(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
+    return [to_euro(e) for e in events(count, seed, rate) if is_bid(e)]
 
 
-def oracle_q2(count: int, seed: int = 0) -> list[Event]:
-    return [q2_project(e) for e in events(count, seed) if q2_pick(e)]
+def oracle_q2(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
+    return [q2_project(e) for e in events(count, seed, rate) if q2_pick(e)]
 
 
-def oracle_q3(count: int, seed: int = 0) -> list[Event]:
-    evs = list(events(count, seed))
+def oracle_q3(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
+    evs = list(events(count, seed, rate))
     people = {e[1]: [e[2], e[5], e[6]] for e in evs if e[0] == PERSON and e[6] in Q3_STATES}
     return [[*people[e[8]], e[1]] for e in evs if e[0] == AUCTION and e[9] == Q3_CATEGORY and e[8] in people]
 
 
-QUERIES: dict[str, tuple[Callable[..., Dataflow], Callable[[int, int], list[Event]]]] = {
+QUERIES: dict[str, tuple[Callable[..., Dataflow], Callable[..., list[Event]]]] = {
     "q0": (build_q0, oracle_q0), "q1": (build_q1, oracle_q1), "q2": (build_q2, oracle_q2), "q3": (build_q3, oracle_q3),
+    "q5": (build_q5, oracle_q5), "q7": (build_q7, oracle_q7), "q8": (build_q8, oracle_q8),
 }
+EVENT_TIME = ("q5", "q7", "q8")  #: the windowed queries (windowed.py)
 
 
 def canonical(records: list[Any]) -> list[str]:
-    """A multiset as a sorted list, for comparing outputs whatever their order."""
-    return sorted(repr(list(r)) for r in records)
+    """A multiset as a sorted list, for comparing outputs whatever their order (tuples and
+    lists alike: a sink may read msgpack arrays back as either)."""
+    return sorted(repr(_lists(r)) for r in records)
+
+
+def _lists(v: Any) -> Any:
+    return [_lists(x) for x in v] if isinstance(v, (list, tuple)) else v
