@@ -7,10 +7,13 @@ Spark operators live in ``operators.spark`` (imported on demand: PySpark is heav
 from .aggregate import Aggregate, AggregateFinal, FoldFinal, StatefulMap
 from .base import Operator, OperatorContext, Sink, Source
 from .basic import Filter, FlatMap, Identity, Map
+from .eventtime import BoundedOutOfOrderness, ascending
 from .files import FileSink, TextFileSource
 from .generators import RangeSource
 from .keyed import Count, CountFinal, Reduce, ReduceFinal
 from .keyed_process import KeyedProcess, KeyState
+from .timers import EVENT, PROCESSING, KeyedTimedProcess, TimerContext
+from .windows import LateRecord, SessionWindows, SlidingWindows, TumblingWindows
 
 __all__ = [
     "Operator",
@@ -34,4 +37,14 @@ __all__ = [
     "TextFileSource",
     "RangeSource",
     "FileSink",
+    "BoundedOutOfOrderness",
+    "ascending",
+    "TumblingWindows",
+    "SlidingWindows",
+    "SessionWindows",
+    "LateRecord",
+    "KeyedTimedProcess",
+    "TimerContext",
+    "EVENT",
+    "PROCESSING",
 ]

@@ -22,7 +22,6 @@ is late; what to do with it is the operator's choice (``ctx.is_late``).
 from __future__ import annotations
 
 import heapq
-import itertools
 from typing import Any, Callable, Iterable, Iterator
 
 import msgpack
@@ -41,54 +40,68 @@ def _key_bytes(key: Any) -> bytes:
 
 
 class TimerService:
-    """Live timers per domain: a heap in firing order, and the set of live ones (deletion is
-    lazy: a deleted timer's heap entry is skipped when it surfaces)."""
+    """Live timers per domain, bucketed by timestamp: ``buckets[domain][ts]`` maps a key's
+    encoding to the key, and ``times[domain]`` is a heap of the timestamps that have a
+    bucket (an emptied bucket's entry is dropped when it surfaces). Firing a bucket sorts
+    its keys once: windows put many keys on few timestamps, so this is far cheaper than a
+    heap of every timer."""
 
     def __init__(self) -> None:
-        self.heaps: tuple[list[tuple[float, bytes, int, Any]], list[tuple[float, bytes, int, Any]]] = ([], [])
-        self.live: set[tuple[int, bytes, float]] = set()
-        self._seq = itertools.count()  #: breaks ties between stale and live entries (never compares keys)
+        self.buckets: tuple[dict[float, dict[bytes, Any]], dict[float, dict[bytes, Any]]] = ({}, {})
+        self.times: tuple[list[float], list[float]] = ([], [])
 
     def __len__(self) -> int:
-        return len(self.live)
+        return sum(len(b) for buckets in self.buckets for b in buckets.values())
 
     def register(self, domain: int, key: Any, timestamp: float) -> None:
-        kb = _key_bytes(key)
-        entry = (domain, kb, timestamp)
-        if entry not in self.live:
-            self.live.add(entry)
-            heapq.heappush(self.heaps[domain], (timestamp, kb, next(self._seq), key))
+        buckets = self.buckets[domain]
+        bucket = buckets.get(timestamp)
+        if bucket is None:
+            bucket = buckets[timestamp] = {}
+            heapq.heappush(self.times[domain], timestamp)
+        bucket[_key_bytes(key)] = key
 
     def delete(self, domain: int, key: Any, timestamp: float) -> None:
-        self.live.discard((domain, _key_bytes(key), timestamp))
+        bucket = self.buckets[domain].get(timestamp)
+        if bucket is not None:
+            bucket.pop(_key_bytes(key), None)
 
     def next_due(self, domain: int) -> float | None:
-        heap = self.heaps[domain]
-        while heap and (domain, heap[0][1], heap[0][0]) not in self.live:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        times, buckets = self.times[domain], self.buckets[domain]
+        while times and not buckets.get(times[0]):
+            buckets.pop(heapq.heappop(times), None)
+        return times[0] if times else None
 
     def pop_due(self, domain: int, time: float) -> Iterator[tuple[Any, float]]:
         """(key, timestamp) of every live timer of ``domain`` at or before ``time``, in
-        firing order, each removed as it is yielded (so a callback may re-register it)."""
-        heap = self.heaps[domain]
-        while heap and heap[0][0] <= time:
-            ts, kb, _, key = heapq.heappop(heap)
-            entry = (domain, kb, ts)
-            if entry in self.live:
-                self.live.remove(entry)
-                yield key, ts
+        (timestamp, key encoding) order, each removed as it is yielded (so a callback may
+        re-register it). A timer a callback registers that is already due fires in this
+        pass too: after the rest of the keys of the timestamp being fired (then in order)."""
+        times, buckets = self.times[domain], self.buckets[domain]
+        while times and times[0] <= time:
+            ts = times[0]
+            bucket = buckets.get(ts)
+            if not bucket:
+                heapq.heappop(times)
+                buckets.pop(ts, None)
+                continue
+            for kb in sorted(bucket):
+                key = bucket.pop(kb, _GONE)
+                if key is not _GONE:  # (a callback may have deleted it)
+                    yield key, ts
 
     def snapshot(self) -> list[list[Any]]:
-        return [[d, ts, key] for ts, kb, _, key, d in sorted(
-            (ts, kb, s, key, d) for d in (EVENT, PROCESSING) for ts, kb, s, key in self.heaps[d]
-            if (d, kb, ts) in self.live)]
+        return [[d, ts, bucket[kb]] for d in (EVENT, PROCESSING) for ts, bucket in sorted(self.buckets[d].items())
+                for kb in sorted(bucket)]
 
     def restore(self, timers: Iterable[Any], owns: Callable[[Any], bool] | None = None) -> None:
         self.__init__()  # type: ignore[misc]
         for d, ts, key in timers:
             if owns is None or owns(key):
                 self.register(int(d), key, ts)
+
+
+_GONE = object()
 
 
 class TimerContext:

@@ -2,6 +2,7 @@
 process-window function; allowed lateness; late records on a side output.
 
 Semantics (Flink's, with its EventTimeTrigger):
+
 - A window is ``[start, end)``; its last timestamp is ``end - 1``. A record belongs to the
   windows its timestamp falls in (one tumbling, ``size / slide`` sliding, one session
   window that merges with every session of its key it touches: ``gap`` after a record,
@@ -19,7 +20,10 @@ Semantics (Flink's, with its EventTimeTrigger):
 
 State: per key, its windows ``[start, end, accumulator]`` (a process-window function's
 accumulator is the window's records), its timers and the watermark: exactly what a
-restore needs to fire each window once with the same contents.
+restore needs to fire each window once with the same contents. Sliding windows of an
+aggregate with ``merge`` (size a multiple of the slide) are kept as panes of one slide,
+``[pane start, pane end, accumulator]``: a record updates one pane, and a window merges
+its panes, in start order, into a fresh accumulator when it fires.
 """
 
 from __future__ import annotations
@@ -110,6 +114,11 @@ class WindowOperator(TimedOperator):
         self.allowed_lateness = allowed_lateness
         self.create, self.result, self.merge = create, result, merge
         self.sessions = isinstance(windows, SessionWindows)
+        #: Sliding windows of an aggregate that merges are kept as panes (slices of one slide):
+        #: a record updates one pane, not size/slide windows; a window's result merges its
+        #: panes when it fires. The state is then key -> pane start -> [start, end, acc].
+        self.panes = (isinstance(windows, SlidingWindows) and kind == AGGREGATE and merge is not None
+                      and windows.size % windows.slide == 0)
         self.late_stream = False  #: the dataflow takes ``.late``: late records go to the side output
         #: key -> start -> its window [start, end, acc] (a session's start moves when it merges)
         self.state: dict[Any, dict[Any, list[Any]]] = {}
@@ -143,23 +152,43 @@ class WindowOperator(TimedOperator):
         return bool(end - 1 + self.allowed_lateness <= self.watermark)
 
     def process(self, batch: list[Any]) -> list[Any]:
+        if self.panes:
+            return self._process_panes(batch)
         out: list[Any] = []
         key_fn, ts_fn, state = self.key_fn, self.timestamp, self.state
+        sessions = self.sessions
+        w = self.windows
+        size = 0 if sessions else w.size  # type: ignore[union-attr]
+        slide = getattr(w, "slide", size)
+        offset = getattr(w, "offset", 0)
+        # Invariants of this batch (the watermark moves between batches only): a window is
+        # kept while its end > keep_after, and has fired once its end <= fired_upto.
+        fired_upto = self.watermark + 1
+        keep_after = fired_upto - self.allowed_lateness
         for record in batch:
             key = key_fn(record) if key_fn is not None else record
             ts = ts_fn(record)
             wins = state.get(key)
             if wins is None:
                 wins = state[key] = {}
-            if self.sessions:
+            if sessions:
                 accepted = self._add_to_session(key, wins, ts, record, out)
             else:
                 accepted = False
-                for start, end in self.windows.assign(ts):
-                    if self._is_late(end):
-                        continue
-                    accepted = True
-                    self._add_to_window(key, wins, start, end, record, out)
+                start = ts - (ts - offset) % slide  # the latest window's; then one slide earlier each
+                while start > ts - size:
+                    end = start + size
+                    if end > keep_after:
+                        accepted = True
+                        acc = wins.get(start)
+                        if acc is not None:
+                            acc[2] = self._add(acc[2], record, False)
+                        else:
+                            acc = wins[start] = [start, end, self._add(None, record, True)]
+                            self._timers_for(key, end, fired_upto)
+                        if end <= fired_upto:  # fired already, still kept: fire again with this record
+                            out.extend(self._emit(key, acc))
+                    start -= slide
             if not wins:
                 del state[key]
                 self.sessions_of.pop(key, None)
@@ -167,19 +196,64 @@ class WindowOperator(TimedOperator):
                 self._late(record, ts)
         return out
 
-    def _add_to_window(self, key: Any, wins: dict[Any, list[Any]], start: Any, end: Any, record: Any,
-                       out: list[Any]) -> None:
-        w = wins.get(start)
-        if w is not None:
-            w[2] = self._add(w[2], record, False)
-        else:
-            w = wins[start] = [start, end, self._add(None, record, True)]
-            if end - 1 > self.watermark:  # else it fires below, at once, and never again by a timer
-                self.timers.register(EVENT, key, end - 1)
-            if self.allowed_lateness:
-                self.timers.register(EVENT, key, end - 1 + self.allowed_lateness)
-        if end - 1 <= self.watermark:  # fired already, still kept: fire again with this record
-            out.extend(self._emit(key, w))
+    def _timers_for(self, key: Any, end: Any, fired_upto: Any) -> None:
+        """A new window [.., end): it fires at end - 1 (unless that is past: then it fires
+        at once, and never again by a timer) and is purged at end - 1 + lateness."""
+        if end > fired_upto:
+            self.timers.register(EVENT, key, end - 1)
+        if self.allowed_lateness:
+            self.timers.register(EVENT, key, end - 1 + self.allowed_lateness)
+
+    def _process_panes(self, batch: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        key_fn, ts_fn, state, add, create = self.key_fn, self.timestamp, self.state, self.fn, self.create
+        assert create is not None
+        w: SlidingWindows = self.windows  # type: ignore[assignment]
+        size, slide, offset = w.size, w.slide, w.offset
+        fired_upto = self.watermark + 1
+        keep_after = fired_upto - self.allowed_lateness
+        for record in batch:
+            ts = ts_fn(record)
+            ps = ts - (ts - offset) % slide
+            if ps + size <= keep_after:  # every window of its pane is purged
+                self._late(record, ts)
+                continue
+            key = key_fn(record) if key_fn is not None else record
+            wins = state.get(key)
+            if wins is None:
+                wins = state[key] = {}
+            pane = wins.get(ps)
+            if pane is not None:
+                pane[2] = add(pane[2], record)
+            else:
+                pane = wins[ps] = [ps, ps + slide, add(create(), record)]
+                end = ps + slide
+                while end <= ps + size:  # the ends of the windows it is part of
+                    if end > fired_upto:
+                        self.timers.register(EVENT, key, end - 1)
+                    end += slide
+                if self.allowed_lateness:  # purged with the last of them
+                    self.timers.register(EVENT, key, ps + size - 1 + self.allowed_lateness)
+            if ps + slide <= fired_upto:  # some of its windows fired and are kept: again, updated
+                end = ps + size  # (latest first, as without panes)
+                while end >= ps + slide:
+                    if keep_after < end <= fired_upto:
+                        out.extend(self._emit_panes(key, wins, end))
+                    end -= slide
+        return out
+
+    def _emit_panes(self, key: Any, wins: dict[Any, list[Any]], end: Any) -> list[Any]:
+        """The window [end - size, end) from its panes, merged in start order into a fresh
+        accumulator (a merge may update its first argument; panes stay as they are)."""
+        size, slide = self.windows.size, self.windows.slide  # type: ignore[union-attr]
+        acc, found = self.create(), False  # type: ignore[misc]
+        ps = end - size
+        while ps < end:
+            pane = wins.get(ps)
+            if pane is not None:
+                acc, found = self.merge(acc, pane[2]), True  # type: ignore[misc]
+            ps += slide
+        return self._emit(key, [end - size, end, acc]) if found else []
 
     def _add_to_session(self, key: Any, wins: dict[Any, list[Any]], ts: Any, record: Any, out: list[Any]) -> bool:
         start, end = ts, ts + self.windows.gap  # type: ignore[union-attr]
@@ -256,6 +330,10 @@ class WindowOperator(TimedOperator):
             start = ends.get(timestamp + 1 - self.allowed_lateness)
             if start is not None:
                 self._drop_session(key, wins, wins[start])
+        elif self.panes:
+            out.extend(self._emit_panes(key, wins, timestamp + 1))
+            size = self.windows.size  # type: ignore[union-attr]
+            wins.pop(timestamp + 1 - self.allowed_lateness - size, None)  # its last window is purged
         else:
             size = self.windows.size  # type: ignore[union-attr]
             w = wins.get(timestamp + 1 - size)

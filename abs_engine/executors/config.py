@@ -184,8 +184,12 @@ class JobConfig:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.mode != "none" and not self.checkpoint_interval > 0:
-            raise ValueError(f"checkpoint_interval must be > 0 seconds, got {self.checkpoint_interval!r}")
+        if self.mode != "none" and (isinstance(self.checkpoint_interval, bool)
+                                    or not isinstance(self.checkpoint_interval, (int, float))
+                                    or not self.checkpoint_interval > 0):
+            raise ValueError(f"checkpoint_interval must be > 0 seconds, got {self.checkpoint_interval!r}"
+                             + (" (to run without checkpoints, pass mode='none')"
+                                if self.checkpoint_interval is None else ""))
         if self.restart_attempts < 0 or self.restart_delay < 0:
             raise ValueError("restart_attempts and restart_delay must be >= 0")
         if self.aligned_timeout is not None:

@@ -5,7 +5,8 @@ events in order, so its watermark is ``ascending()``: the newest timestamp - 1. 
 ``[start, start + size)`` with starts at multiples of the slide (or size) since the epoch.
 
 - q5 hot items: over sliding windows of 10 s every 2 s, the auctions with the most bids.
-  Stage 1 counts bids per auction and window, keyed by auction (spread over the subtasks);
+  Stage 1 counts bids per auction and window, keyed by auction (spread over the subtasks;
+  its aggregate merges, so the windows are kept as 2 s panes: one update a bid, not five);
   stage 2 keys those counts by window end and keeps the largest, in a tumbling window of
   the slide on timestamp ``end - 1``: it fires on the very watermark that fired stage 1,
   after every subtask's counts for that window arrived (each sends its results before
@@ -20,7 +21,9 @@ events in order, so its watermark is ``ascending()``: the newest timestamp - 1. 
   process-window function (a window join). One row per such person and window:
   ``[person id, name, window start]``.
 
-The rows are the ones ``benchmarks/bytewax_nexmark.py`` checks Bytewax's output against.
+Bids are projected to the fields a query reads before they are shuffled (as a query planner
+would): less to encode and send. The rows are the ones ``benchmarks/bytewax_nexmark.py``
+checks Bytewax's output against.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections import Counter, defaultdict
 from typing import Any, Iterable
 
 from abs_engine import Dataflow
-from operators import Sink
+from operators import Sink, Source
 from operators.eventtime import ascending
 from operators.nexmark import AUCTION, BID, DEFAULT_RATE, PERSON, NexmarkSource, events
 from operators.windows import SlidingWindows, TumblingWindows
@@ -48,10 +51,11 @@ def is_bid(e: Event) -> bool:
     return bool(e[0] == BID)
 
 
-def _bids(flow: Dataflow, count: int, parallelism: int, seed: int, rate: int) -> Any:
-    return (flow.source(NexmarkSource(count, seed, rate), "nexmark", parallelism=parallelism,
-                        timestamps=event_time, watermarks=ascending())
-            .filter(is_bid, "bids"))
+def _events(flow: Dataflow, count: int, parallelism: int, seed: int, rate: int, source: Source[Event] | None) -> Any:
+    """The Nexmark stream in event time (``source``: the same events from elsewhere, e.g. a
+    TestingSource over a list generated beforehand, as a benchmark reads them)."""
+    return flow.source(source if source is not None else NexmarkSource(count, seed, rate), "nexmark",
+                       parallelism=parallelism, timestamps=event_time, watermarks=ascending())
 
 
 def _end_minus_one(r: Any) -> int:
@@ -66,8 +70,18 @@ def _window_end(r: Any) -> int:
 # -- q5 -------------------------------------------------------------------------------------
 
 
-def _auction(e: Event) -> int:
-    return int(e[1])
+def q5_bid(e: Event) -> list[list[int]]:
+    """A bid as ``[auction, date_time]``, the two fields q5 reads (projected before the
+    shuffle, as a query planner would: less to encode and send); nothing for others."""
+    return [[e[1], e[6]]] if e[0] == BID else []
+
+
+def _first(b: list[Any]) -> Any:
+    return b[0]
+
+
+def _second(b: list[Any]) -> int:
+    return int(b[1])
 
 
 def _zero() -> int:
@@ -76,6 +90,10 @@ def _zero() -> int:
 
 def _plus_one(n: int, e: Event) -> int:
     return n + 1
+
+
+def _sum(a: int, b: int) -> int:
+    return a + b
 
 
 def _hot_new() -> list[Any]:
@@ -96,10 +114,11 @@ def _q5_row(r: Any) -> list[Any]:
     return [end, sorted(auctions), top]
 
 
-def build_q5(count: int, sink: Sink, parallelism: int = 2, seed: int = 0, rate: int = DEFAULT_RATE) -> Dataflow:
+def build_q5(count: int, sink: Sink, parallelism: int = 2, seed: int = 0, rate: int = DEFAULT_RATE,
+             source: Source[Event] | None = None) -> Dataflow:
     flow = Dataflow("nexmark-q5", parallelism=parallelism)
-    (_bids(flow, count, parallelism, seed, rate)
-     .key_by(_auction).window(SlidingWindows(Q5_SIZE, Q5_SLIDE), event_time).aggregate(_zero, _plus_one, name="bids_per_auction")
+    (_events(flow, count, parallelism, seed, rate, source).flat_map(q5_bid, "bids")
+     .key_by(_first).window(SlidingWindows(Q5_SIZE, Q5_SLIDE), _second).aggregate(_zero, _plus_one, merge=_sum, name="bids_per_auction")
      .key_by(_window_end).window(TumblingWindows(Q5_SLIDE), _end_minus_one).aggregate(_hot_new, _hot_add, name="hottest")
      .map(_q5_row, "row").sink(sink, "out", parallelism=1))
     return flow
@@ -122,11 +141,21 @@ def oracle_q5(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event
 # -- q7 -------------------------------------------------------------------------------------
 
 
-def _rank(bid: Event) -> tuple[int, int, int, int]:
-    return bid[3], bid[2], bid[1], bid[6]
+def q7_bid(e: Event) -> list[list[int]]:
+    """A bid as ``[auction, price, bidder, date_time]`` (projected before the shuffle)."""
+    return [[e[1], e[3], e[2], e[6]]] if e[0] == BID else []
 
 
-def _higher_bid(a: Event, b: Event) -> Event:
+def _rank(b: list[Any]) -> tuple[int, int, int, int]:
+    """Of a projected bid: ``(price, bidder, auction, date_time)``."""
+    return b[1], b[2], b[0], b[3]
+
+
+def _fourth(b: list[Any]) -> int:
+    return int(b[3])
+
+
+def _higher_bid(a: list[Any], b: list[Any]) -> list[Any]:
     return b if _rank(b) > _rank(a) else a
 
 
@@ -136,14 +165,14 @@ def _higher_result(a: Any, b: Any) -> Any:
 
 
 def _q7_row(r: Any) -> list[Any]:
-    bid = r[3][3]
-    return [r[0], [bid[1], bid[3], bid[2], bid[6]]]
+    return [r[0], list(r[3][3])]
 
 
-def build_q7(count: int, sink: Sink, parallelism: int = 2, seed: int = 0, rate: int = DEFAULT_RATE) -> Dataflow:
+def build_q7(count: int, sink: Sink, parallelism: int = 2, seed: int = 0, rate: int = DEFAULT_RATE,
+             source: Source[Event] | None = None) -> Dataflow:
     flow = Dataflow("nexmark-q7", parallelism=parallelism)
-    (_bids(flow, count, parallelism, seed, rate)
-     .key_by(_auction).window(TumblingWindows(Q7_SIZE), event_time).reduce(_higher_bid, "top_per_auction")
+    (_events(flow, count, parallelism, seed, rate, source).flat_map(q7_bid, "bids")
+     .key_by(_first).window(TumblingWindows(Q7_SIZE), _fourth).reduce(_higher_bid, "top_per_auction")
      .key_by(_window_end).window(TumblingWindows(Q7_SIZE), _end_minus_one).reduce(_higher_result, "top")
      .map(_q7_row, "row").sink(sink, "out", parallelism=1))
     return flow
@@ -154,9 +183,10 @@ def oracle_q7(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event
     for e in events(count, seed, rate):
         if is_bid(e):
             end = e[6] - e[6] % Q7_SIZE + Q7_SIZE
-            if end not in best or _rank(e) > _rank(best[end]):
-                best[end] = e
-    return [[end, [b[1], b[3], b[2], b[6]]] for end, b in best.items()]
+            b = q7_bid(e)[0]
+            if end not in best or _rank(b) > _rank(best[end]):
+                best[end] = b
+    return [[end, b] for end, b in best.items()]
 
 
 # -- q8 -------------------------------------------------------------------------------------
@@ -177,10 +207,10 @@ def q8_join(person_id: int, start: int, end: int, records: list[Event]) -> Itera
     return []
 
 
-def build_q8(count: int, sink: Sink, parallelism: int = 2, seed: int = 0, rate: int = DEFAULT_RATE) -> Dataflow:
+def build_q8(count: int, sink: Sink, parallelism: int = 2, seed: int = 0, rate: int = DEFAULT_RATE,
+             source: Source[Event] | None = None) -> Dataflow:
     flow = Dataflow("nexmark-q8", parallelism=parallelism)
-    (flow.source(NexmarkSource(count, seed, rate), "nexmark", parallelism=parallelism, timestamps=event_time,
-                 watermarks=ascending())
+    (_events(flow, count, parallelism, seed, rate, source)
      .filter(q8_side, "people_and_auctions").key_by(q8_key).window(TumblingWindows(Q8_SIZE), event_time)
      .process(q8_join, "new_sellers").sink(sink, "out", parallelism=1))
     return flow

@@ -84,9 +84,9 @@ def _key(r: Any) -> str:
 @pytest.mark.parametrize("windows", [TumblingWindows(200), SlidingWindows(200, 50), SessionWindows(6)],
                          ids=["tumbling", "sliding", "session"])
 def test_windows_exactly_once_under_sigkill(tmp_path, windows, mode):
-    recs = out_of_order(100_000, seed=1)
+    recs = out_of_order(60_000, seed=1)
     flow = Dataflow("windows", parallelism=2)
-    res = (flow.source(TestingSource(recs, batch_size=200), timestamps=_ts, watermarks=BoundedOutOfOrderness(DELAY))
+    res = (flow.source(PacedSource(recs, batch_size=200), timestamps=_ts, watermarks=BoundedOutOfOrderness(DELAY))
            .key_by(_key).window(windows, _ts)
            .aggregate(lambda: 0, lambda a, r: a + 1, merge=lambda a, b: a + b))
     res.sink(CapturingSink(tmp_path / "out"), parallelism=1)

@@ -152,6 +152,44 @@ def test_merged_sessions_hand_over_their_records_in_the_same_order_after_a_resto
         assert drive(factory(), steps, restore_at=at, factory=factory) == plain
 
 
+def stragglers(seed, n=1200, keys="abc"):
+    """out_of_order's steps, with records far behind the watermark mixed in: some within an
+    allowed lateness of 60, some beyond it."""
+    rng = random.Random(seed)
+    steps = out_of_order(seed, n=n, keys=keys)
+    for batch, wm in steps[5:-1]:
+        if rng.random() < 0.3:
+            batch.append((rng.choice(keys), max(0, int(wm) - rng.randrange(0, 300))))
+    return steps
+
+
+@pytest.mark.parametrize("windows", [SlidingWindows(100, 20), SlidingWindows(60, 60), SlidingWindows(90, 30, 7)],
+                         ids=["5-panes", "1-pane", "offset"])
+@pytest.mark.parametrize("seed", range(3))
+def test_sliding_panes_give_what_per_window_accumulators_give(windows, seed):
+    """An aggregate with merge keeps sliding windows as panes (one update a record); without
+    merge, one accumulator a window. Same results in the same order, same late records,
+    with refirings within the lateness; and the same after a restore."""
+    def mk(merge):
+        def factory():
+            op = WindowOperator(windows, lambda r: r[1], AGGREGATE, lambda a, r: a + (r[1],), key_fn=lambda r: r[0],
+                                allowed_lateness=60, create=tuple, result=sorted, merge=merge)
+            op.late_stream = True
+            op.open(CTX)
+            return op
+        return factory
+
+    steps = stragglers(seed)
+    panes, windowed = mk(lambda a, b: a + b), mk(None)
+    assert panes().panes and not windowed().panes
+    expected = drive(windowed(), steps)
+    assert expected[1] and len(expected[0]) > len({r[:3] for r in expected[0]})  # late records and refirings
+    op = panes()
+    assert drive(op, steps) == expected
+    assert op.state == {} and len(op.timers) == 0  # every pane purged with its last window
+    assert drive(panes(), steps, restore_at=len(steps) // 2, factory=panes) == expected
+
+
 def test_allowed_lateness_refires_then_late_records_go_to_the_side_output():
     op = make(TumblingWindows(10), lateness=5)
     steps = [

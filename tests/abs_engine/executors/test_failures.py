@@ -109,6 +109,10 @@ def test_bad_config_values_are_rejected():
         flow.run(mode="sometimes")
     with pytest.raises(ValueError, match="checkpoint_interval"):
         flow.run(checkpoint_interval=0)
+    with pytest.raises(ValueError, match="pass mode='none'"):  # a ValueError naming the fix, not a TypeError
+        flow.run(checkpoint_interval=None)
+    with pytest.raises(ValueError, match="checkpoint_interval"):
+        flow.run(checkpoint_interval="1")
 
 
 class Endless(Source):
