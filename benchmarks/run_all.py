@@ -6,7 +6,8 @@
 
 Runs, one after another (never side by side: they would share the 2 cores):
 the ABS-vs-stop-the-world suite (suite.py), word count (wordcount_bench.py), loops
-(loop_bench.py), Spark (spark_bench.py) and the pytest-benchmark micro benchmarks.
+(loop_bench.py), Nexmark q5/q7 against Bytewax (nexmark_bench.py), Spark (spark_bench.py)
+and the pytest-benchmark micro benchmarks.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> int:
         [py, "benchmarks/suite.py"] + (["--quick"] if q else []),
         [py, "benchmarks/wordcount_bench.py"] + (["--words", "2000000", "--rounds", "1"] if q else ["--rounds", "5"]),
         [py, "benchmarks/loop_bench.py"] + (["--numbers", "5000", "--rounds", "1"] if q else []),
+        [py, "benchmarks/nexmark_bench.py"] + (["--events", "400000", "--repeat", "1"] if q else []),
     ]
     if not args.no_spark:
         steps.append([py, "benchmarks/spark_bench.py"]

@@ -91,14 +91,17 @@ class TimerService:
                     yield key, ts
 
     def snapshot(self) -> list[list[Any]]:
-        return [[d, ts, bucket[kb]] for d in (EVENT, PROCESSING) for ts, bucket in sorted(self.buckets[d].items())
-                for kb in sorted(bucket)]
+        """``[[domain, timestamp, [keys]], ...]``: a list a bucket (the task thread's share
+        of a checkpoint: keep it small), in no particular order."""
+        return [[d, ts, list(bucket.values())] for d in (EVENT, PROCESSING) for ts, bucket in self.buckets[d].items()
+                if bucket]
 
     def restore(self, timers: Iterable[Any], owns: Callable[[Any], bool] | None = None) -> None:
         self.__init__()  # type: ignore[misc]
-        for d, ts, key in timers:
-            if owns is None or owns(key):
-                self.register(int(d), key, ts)
+        for d, ts, keys in timers:
+            for key in keys:
+                if owns is None or owns(key):
+                    self.register(int(d), key, ts)
 
 
 _GONE = object()
@@ -201,7 +204,7 @@ class TimedOperator(Operator):
         for s in old:
             if s:
                 keys.update((k, v) for k, v in s["keys"].items() if owns(k))
-                timers.extend(t for t in s["timers"] if owns(t[2]))
+                timers.extend([d, ts, [k for k in keys if owns(k)]] for d, ts, keys in s["timers"])
                 marks.append(s["watermark"])
         return {"keys": keys, "timers": timers, "watermark": min(marks) if marks else MIN_WATERMARK}
 

@@ -351,20 +351,18 @@ class WindowOperator(TimedOperator):
     # -- state ------------------------------------------------------------------------------
 
     def keyed_state(self) -> dict[Any, Any]:
-        """key -> its windows ``[start, end, acc]`` in start order (a new map: the task
-        encodes it before the next record)."""
-        return {k: sorted(wins.values(), key=_start) for k, wins in self.state.items()}
+        """key -> start -> its window (or pane) ``[start, end, acc]``: the live map, not a
+        copy (the task encodes it before the next record, or forks to: a checkpoint's share
+        of the task thread stays small however many windows are open)."""
+        return self.state
 
     def restore_keyed(self, values: dict[Any, Any]) -> None:
         # Decoded windows are tuples: lists again (and a process function's records too).
-        self.state = {k: {w[0]: [w[0], w[1], list(w[2]) if self.kind == PROCESS else w[2]] for w in wins}
+        proc = self.kind == PROCESS
+        self.state = {k: {w[0]: [w[0], w[1], list(w[2]) if proc else w[2]] for w in wins.values()}
                       for k, wins in values.items()}
         if self.sessions:
             self.sessions_of = {k: (sorted(wins), {w[1]: w[0] for w in wins.values()}) for k, wins in self.state.items()}
-
-
-def _start(w: list[Any]) -> Any:
-    return w[0]
 
 
 def check_windows(windows: Any) -> Windows:

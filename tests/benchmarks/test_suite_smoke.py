@@ -64,3 +64,18 @@ def test_dashboard_bench_runs_on_tiny_inputs(tmp_path):
     assert set(doc["runs"]) == {"off", "on, not polled", "on, polled 1/s + /metrics"}
     assert set(doc["overhead_median"]) == {"on, not polled", "on, polled 1/s + /metrics"}
     assert "overhead vs off" in (out / "dashboard.md").read_text()
+
+
+def test_nexmark_bench_runs_on_tiny_inputs(tmp_path):
+    """Without Bytewax (CI does not install it): the engine's side of the comparison, and
+    its oracle check (a wrong answer would exit non-zero)."""
+    from benchmarks import nexmark_bench
+
+    out = tmp_path / "results"
+    assert nexmark_bench.main(["--events", "20000", "--repeat", "1", "--interval", "0.2", "--no-bytewax",
+                               "--out", str(out)]) == 0
+    doc = json.loads((out / "nexmark.json").read_text())
+    assert set(doc["queries"]) == {"q5", "q7"}
+    for q in doc["queries"].values():
+        assert set(q["events_per_s"]) == {"none", "abs"} and all(v > 0 for v in q["events_per_s"].values())
+    assert "| q5 |" in (out / "nexmark.md").read_text()
