@@ -439,10 +439,10 @@ class KeyedStream(Stream[T], Generic[T, K]):
                              f"{type(windows).__name__}")
         if not callable(timestamp):
             raise GraphError(GraphErrorReason.BAD_ARGUMENT, "window(): timestamp must be a function of the record")
-        if (not isinstance(allowed_lateness, (int, float)) or isinstance(allowed_lateness, bool)
-                or allowed_lateness < 0):
+        if not isinstance(allowed_lateness, int) or isinstance(allowed_lateness, bool) or allowed_lateness < 0:
             raise GraphError(GraphErrorReason.BAD_ARGUMENT,
-                             f"window(): allowed_lateness must be a number >= 0, got {allowed_lateness!r}")
+                             f"window(): allowed_lateness must be an int >= 0 in timestamp units (milliseconds by "
+                             f"convention), got {allowed_lateness!r}")
         return WindowedStream(self, windows, timestamp, allowed_lateness)
 
 

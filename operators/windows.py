@@ -48,7 +48,8 @@ class TumblingWindows:
     offset: int = 0
 
     def __post_init__(self) -> None:
-        _positive("size", self.size)
+        _whole("size", self.size)
+        _whole("offset", self.offset, positive=False)
 
     def assign(self, ts: Any) -> list[tuple[Any, Any]]:
         start = ts - (ts - self.offset) % self.size
@@ -62,8 +63,9 @@ class SlidingWindows:
     offset: int = 0
 
     def __post_init__(self) -> None:
-        _positive("size", self.size)
-        _positive("slide", self.slide)
+        _whole("size", self.size)
+        _whole("slide", self.slide)
+        _whole("offset", self.offset, positive=False)
         if self.slide > self.size:
             raise ValueError(f"slide ({self.slide}) must be at most size ({self.size}): a record would fall in no "
                              "window between them")
@@ -83,7 +85,7 @@ class SessionWindows:
     gap: int
 
     def __post_init__(self) -> None:
-        _positive("gap", self.gap)
+        _whole("gap", self.gap)
 
     def assign(self, ts: Any) -> list[tuple[Any, Any]]:
         return [(ts, ts + self.gap)]
@@ -92,9 +94,13 @@ class SessionWindows:
 Windows = TumblingWindows | SlidingWindows | SessionWindows
 
 
-def _positive(name: str, v: Any) -> None:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
-        raise ValueError(f"window {name} must be a number > 0, got {v!r}")
+def _whole(name: str, v: Any, positive: bool = True) -> None:
+    """Window parameters are whole numbers of timestamp units (milliseconds by convention):
+    then every window bound is exact even for fractional timestamps (a multiple of an
+    integer, or a timestamp plus one), and a timer finds its window again by arithmetic."""
+    if not isinstance(v, int) or isinstance(v, bool) or (positive and v <= 0):
+        raise ValueError(f"window {name} must be an int{' > 0' if positive else ''} in timestamp units "
+                         f"(milliseconds by convention), got {v!r}: give timestamps in a unit that makes it whole")
 
 
 class WindowOperator(TimedOperator):
@@ -111,6 +117,9 @@ class WindowOperator(TimedOperator):
         self.kind = kind
         self.fn = fn
         self.key_fn = key_fn
+        _whole("allowed_lateness", allowed_lateness, positive=False)
+        if allowed_lateness < 0:
+            raise ValueError(f"allowed_lateness must be >= 0, got {allowed_lateness!r}")
         self.allowed_lateness = allowed_lateness
         self.create, self.result, self.merge = create, result, merge
         self.sessions = isinstance(windows, SessionWindows)
@@ -122,9 +131,12 @@ class WindowOperator(TimedOperator):
         self.late_stream = False  #: the dataflow takes ``.late``: late records go to the side output
         #: key -> start -> its window [start, end, acc] (a session's start moves when it merges)
         self.state: dict[Any, dict[Any, list[Any]]] = {}
-        #: Sessions only: key -> (its sessions' starts in order, end -> start). A key's sessions
-        #: never touch (touching ones merge), so in start order their ends are in order too.
-        self.sessions_of: dict[Any, tuple[list[Any], dict[Any, Any]]] = {}
+        #: Sessions only: key -> (its sessions' starts in order, fire time -> start, purge time
+        #: -> start; one map when there is no lateness). A key's sessions never touch
+        #: (touching ones merge), so in start order their ends are in order too. The times
+        #: are keyed exactly as their timers were registered (a session's start is a
+        #: timestamp, so its bounds may be fractional: arithmetic could miss them).
+        self.sessions_of: dict[Any, tuple[list[Any], dict[Any, Any], dict[Any, Any]]] = {}
         self.side: list[Any] = []
         self.skipped: list[tuple[Any, BaseException]] = []
         self.on_error = "skip"  # late records without a late stream are reported as skipped
@@ -257,7 +269,7 @@ class WindowOperator(TimedOperator):
 
     def _add_to_session(self, key: Any, wins: dict[Any, list[Any]], ts: Any, record: Any, out: list[Any]) -> bool:
         start, end = ts, ts + self.windows.gap  # type: ignore[union-attr]
-        starts, ends = self.sessions_of.get(key) or self.sessions_of.setdefault(key, ([], {}))
+        starts, fire_at, purge_at = self.sessions_of.get(key) or self._index(key)
         # The sessions it touches: starting at or before its end, ending at or after its start
         # (a few, found from the right in start order: however many the key has open).
         touching: list[list[Any]] = []
@@ -276,7 +288,8 @@ class WindowOperator(TimedOperator):
             self._drop_session(key, wins, w)
         merged = wins[start] = [start, end, self._add(acc, record, acc is None)]
         insort(starts, start)
-        ends[end] = start
+        fire_at[end - 1] = start
+        purge_at[end - 1 + self.allowed_lateness] = start
         # The old windows' timers stay: a timer finds what is due when it fires (lazily).
         if end - 1 > self.watermark:
             self.timers.register(EVENT, key, end - 1)
@@ -286,11 +299,17 @@ class WindowOperator(TimedOperator):
             out.extend(self._emit(key, merged))
         return True
 
+    def _index(self, key: Any) -> tuple[list[Any], dict[Any, Any], dict[Any, Any]]:
+        fire_at: dict[Any, Any] = {}
+        index = self.sessions_of[key] = ([], fire_at, {} if self.allowed_lateness else fire_at)
+        return index
+
     def _drop_session(self, key: Any, wins: dict[Any, list[Any]], w: list[Any]) -> None:
-        starts, ends = self.sessions_of[key]
+        starts, fire_at, purge_at = self.sessions_of[key]
         del wins[w[0]]
         del starts[bisect_left(starts, w[0])]
-        del ends[w[1]]
+        fire_at.pop(w[1] - 1, None)
+        purge_at.pop(w[1] - 1 + self.allowed_lateness, None)
 
     def _late(self, record: Any, ts: Any) -> None:
         if self.late_stream:
@@ -316,18 +335,19 @@ class WindowOperator(TimedOperator):
     def fire(self, key: Any, timestamp: float, domain: int) -> list[Any]:
         """The key's window whose last timestamp is ``timestamp`` fires; the one whose
         lateness ends there is purged (every window registered both timers when it took its
-        final end). Fixed-size windows are found by their start, sessions by their end (a
-        merged session's old timers find nothing, or the session that now ends there)."""
+        final end). Fixed-size windows are found by their start (exact: whole parameters),
+        sessions in their index of timer times (a merged session's old timers find nothing,
+        or the session that now ends there)."""
         wins = self.state.get(key)
         if not wins:
             return []
         out: list[Any] = []
         if self.sessions:
-            ends = self.sessions_of[key][1]
-            start = ends.get(timestamp + 1)
+            _, fire_at, purge_at = self.sessions_of[key]
+            start = fire_at.get(timestamp)
             if start is not None:
                 out.extend(self._emit(key, wins[start]))
-            start = ends.get(timestamp + 1 - self.allowed_lateness)
+            start = purge_at.get(timestamp)
             if start is not None:
                 self._drop_session(key, wins, wins[start])
         elif self.panes:
@@ -361,8 +381,14 @@ class WindowOperator(TimedOperator):
         proc = self.kind == PROCESS
         self.state = {k: {w[0]: [w[0], w[1], list(w[2]) if proc else w[2]] for w in wins.values()}
                       for k, wins in values.items()}
+        self.sessions_of = {}
         if self.sessions:
-            self.sessions_of = {k: (sorted(wins), {w[1]: w[0] for w in wins.values()}) for k, wins in self.state.items()}
+            for k, wins in self.state.items():
+                starts, fire_at, purge_at = self._index(k)
+                for w in sorted(wins.values(), key=lambda w: w[0]):
+                    starts.append(w[0])
+                    fire_at[w[1] - 1] = w[0]
+                    purge_at[w[1] - 1 + self.allowed_lateness] = w[0]
 
 
 def check_windows(windows: Any) -> Windows:

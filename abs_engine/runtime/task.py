@@ -622,6 +622,8 @@ class Task:
     def run(self) -> None:
         if self.restored_finished:
             self._end_outputs()
+        if self.timed_ops:
+            self._schedule_timers()  # restored processing-time timers are due without a record
         # Channel state first (records in flight at the restored checkpoint: round a loop,
         # or on any input if it was unaligned), each batch into the operator it was logged for.
         replay, self.replay = self.replay, []

@@ -21,6 +21,7 @@ from operators.eventtime import BoundedOutOfOrderness, ascending
 from operators.timers import KeyedTimedProcess
 from operators.windows import SessionWindows, SlidingWindows, TumblingWindows
 from tests.chaos_checks import assert_each_kill_restored
+from tests.operators.test_windows import sessions_oracle
 
 pytestmark = pytest.mark.slow
 
@@ -49,20 +50,7 @@ class PacedSource(TestingSource[Any]):
 
 def window_oracle(recs: list[tuple[str, int]], windows: Any) -> list[tuple[Any, ...]]:
     if isinstance(windows, SessionWindows):
-        by_key: dict[str, list[int]] = defaultdict(list)
-        for k, t in recs:
-            by_key[k].append(t)
-        out = []
-        for k, ts in by_key.items():
-            ts.sort()
-            start, last, n = ts[0], ts[0], 0
-            for t in ts:
-                if t > last + windows.gap:
-                    out.append((k, start, last + windows.gap, n))
-                    start, n = t, 0
-                last, n = t, n + 1
-            out.append((k, start, last + windows.gap, n))
-        return sorted(out)
+        return [tuple(r) for r in sessions_oracle(recs, windows.gap)]
     counts: dict[tuple[str, int, int], int] = defaultdict(int)
     for k, t in recs:
         size = windows.size
@@ -70,6 +58,16 @@ def window_oracle(recs: list[tuple[str, int]], windows: Any) -> list[tuple[Any, 
         for s in range(t - t % step, t - size, -step):
             counts[(k, s, s + size)] += 1
     return sorted((k, s, e, c) for (k, s, e), c in counts.items())
+
+
+def times_by_key(recs: list[tuple[str, int]]) -> dict[str, list[int]]:
+    """Each key's timestamps, sorted."""
+    times: dict[str, list[int]] = defaultdict(list)
+    for k, t in recs:
+        times[k].append(t)
+    for ts in times.values():
+        ts.sort()
+    return times
 
 
 def _ts(r: Any) -> int:
@@ -178,11 +176,7 @@ def test_keyed_event_time_timers_exactly_once_under_sigkill(tmp_path):
     chaos = KillOnCheckpoints([2, 5], seed=2)
     result = flow.run(chaos=chaos, restart_delay=0, checkpoint_interval=0.02, checkpoint_dir=str(tmp_path / "ck"))
     assert_each_kill_restored(result, chaos, min_kills=1)
-    times: dict[str, list[int]] = defaultdict(list)
-    for k, t in recs:
-        times[k].append(t)
-    for ts in times.values():
-        ts.sort()
+    times = times_by_key(recs)
     expected = sorted({(k, t + 10, bisect.bisect_right(times[k], t + 10)) for k, t in recs})
     assert sorted(tuple(r) for r in CapturingSink(tmp_path / "out").records()) == expected
 
@@ -204,9 +198,7 @@ def test_interval_join_exactly_once_under_sigkill(tmp_path):
     chaos = KillOnCheckpoints([2, 4], seed=5)
     result = flow.run(chaos=chaos, restart_delay=0, checkpoint_interval=0.02, checkpoint_dir=str(tmp_path / "ck"))
     assert_each_kill_restored(result, chaos, min_kills=1)
-    by_key: dict[str, list[int]] = defaultdict(list)
-    for k, t in rights:
-        by_key[k].append(t)
+    by_key = times_by_key(rights)
     expected = sorted((k, t, rt) for k, t in lefts for rt in by_key[k] if t - 5 <= rt <= t + 10)
     assert expected and result.skipped_records == 0
     assert sorted(tuple(r) for r in CapturingSink(tmp_path / "out").records()) == expected
@@ -271,3 +263,63 @@ def test_an_idle_split_does_not_stall_the_windows(tmp_path):
     assert result.restarts == 0
     assert sorted(tuple(r) for r in CapturingSink(tmp_path / "out").records()) == window_oracle(
         first + second, TumblingWindows(500))
+
+
+class ThenWait(Source[Any]):
+    """Reads ``records`` in one batch, then nothing until ``gate`` exists (failing the job
+    after 60 s: a job that waits on a gate nobody opens must not hang the test), then ends."""
+
+    def __init__(self, records: list[Any], gate: str):
+        self.records, self.gate = records, gate
+
+    def open(self, ctx: Any) -> None:
+        super().open(ctx)
+        self.done, self.began = False, time.monotonic()
+
+    def read_batch(self) -> list[Any] | None:
+        if not self.done:
+            self.done = True
+            return self.records if self.ctx.subtask_index == 0 else []
+        if os.path.exists(self.gate):
+            return None
+        if time.monotonic() - self.began > 60:
+            raise RuntimeError("the gate never opened: a processing-time timer never fired")
+        time.sleep(0.005)
+        return []
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        return self.done
+
+    def restore(self, state: Any) -> None:
+        self.done = bool(state)
+
+
+class CountThenReport(KeyedTimedProcess):
+    """Counts a key's records; 1.5 s (wall clock) after its first, emits ``(key, count)``."""
+
+    def process_key(self, key, record, state, ctx):
+        if state.value is None:
+            ctx.register_processing_time(time.time() + 1.5)
+        state.value = (state.value or 0) + 1
+
+    def on_timer(self, key, timestamp, domain, state, ctx):
+        return [(key, state.value)]
+
+
+def test_restored_processing_time_timers_fire_without_new_records(tmp_path):
+    """Workers are killed while every key's processing-time timer is pending and no record
+    will come again: the restored timers must fire by themselves, once each."""
+    recs = [(f"k{i % 5}", i) for i in range(200)]
+    gate = str(tmp_path / "gate")
+
+    def open_gate(r: Any) -> Any:
+        open(gate, "w").close()
+        return r
+
+    flow = Dataflow("ptimers", parallelism=2)
+    (flow.source(ThenWait(recs, gate)).key_by(_key).apply_keyed(CountThenReport(), "report")
+     .map(open_gate, "open_gate").sink(CapturingSink(tmp_path / "out"), parallelism=1))
+    chaos = KillOnCheckpoints([2], seed=1)
+    result = flow.run(chaos=chaos, restart_delay=0, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
+    assert_each_kill_restored(result, chaos, min_kills=1)
+    assert sorted(tuple(r) for r in CapturingSink(tmp_path / "out").records()) == [(f"k{i}", 40) for i in range(5)]

@@ -27,7 +27,7 @@ def make(windows, kind=AGGREGATE, lateness=0, late_stream=True):
                             key_fn=lambda r: r[0], allowed_lateness=lateness)
     else:
         op = WindowOperator(windows, lambda r: r[1], PROCESS,
-                            lambda k, s, e, recs: [(k, s, e, sorted(t for _, t in recs))],
+                            lambda k, s, e, recs: [(k, s, e, tuple(sorted(t for _, t in recs)))],
                             key_fn=lambda r: r[0], allowed_lateness=lateness)
     op.late_stream = late_stream
     op.open(CTX)
@@ -35,17 +35,23 @@ def make(windows, kind=AGGREGATE, lateness=0, late_stream=True):
 
 
 def drive(op, steps, restore_at=None, factory=None):
-    """steps: [(batch, watermark)]; returns (results, late records)."""
+    """steps: [(batch, watermark)]; returns (results, late records), arrays as tuples: what
+    the next task receives (a restored accumulator that was a tuple is a list again, as
+    state decodes arrays, and the wire makes both tuples)."""
     out, late = [], []
     for i, (batch, wm) in enumerate(steps):
         if i == restore_at:
-            snap = codec.unpack(codec.pack(op.snapshot(i)))
+            snap = codec.unpack_state(codec.pack(op.snapshot(i)))  # as a restore reads state
             op = factory()
             op.restore(snap)
         out += op.process(batch)
         out += op.on_watermark(wm)
         late += op.take_side_output()
-    return out, late
+    return [_tuples(r) for r in out], [_tuples(r) for r in late]
+
+
+def _tuples(v):
+    return tuple(_tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
 
 
 def out_of_order(seed, n=400, keys="abcd", delay=50):
@@ -118,7 +124,7 @@ def test_process_window_sees_the_window_records():
     expected = defaultdict(list)
     for k, t in records_of(steps):
         expected[(k, t - t % 100)].append(t)
-    assert sorted(out) == sorted((k, s, s + 100, sorted(ts)) for (k, s), ts in expected.items())
+    assert sorted(out) == sorted((k, s, s + 100, tuple(sorted(ts))) for (k, s), ts in expected.items())
 
 
 @pytest.mark.parametrize("windows", [TumblingWindows(100), SlidingWindows(100, 20), SessionWindows(15)],
@@ -172,7 +178,7 @@ def test_sliding_panes_give_what_per_window_accumulators_give(windows, seed):
     with refirings within the lateness; and the same after a restore."""
     def mk(merge):
         def factory():
-            op = WindowOperator(windows, lambda r: r[1], AGGREGATE, lambda a, r: a + (r[1],), key_fn=lambda r: r[0],
+            op = WindowOperator(windows, lambda r: r[1], AGGREGATE, lambda a, r: (*a, r[1]), key_fn=lambda r: r[0],
                                 allowed_lateness=60, create=tuple, result=sorted, merge=merge)
             op.late_stream = True
             op.open(CTX)
@@ -180,7 +186,7 @@ def test_sliding_panes_give_what_per_window_accumulators_give(windows, seed):
         return factory
 
     steps = stragglers(seed)
-    panes, windowed = mk(lambda a, b: a + b), mk(None)
+    panes, windowed = mk(lambda a, b: (*a, *b)), mk(None)
     assert panes().panes and not windowed().panes
     expected = drive(windowed(), steps)
     assert expected[1] and len(expected[0]) > len({r[:3] for r in expected[0]})  # late records and refirings
@@ -241,3 +247,52 @@ def test_bad_windows_are_refused():
         TumblingWindows(0)
     with pytest.raises(ValueError, match="gap"):
         SessionWindows(-1)
+    with pytest.raises(ValueError, match="window size must be an int"):  # fractional bounds would be inexact
+        TumblingWindows(0.3)
+    with pytest.raises(ValueError, match="allowed_lateness must be an int"):
+        make(TumblingWindows(10), lateness=0.5)
+
+
+@pytest.mark.parametrize("windows", [TumblingWindows(3), SlidingWindows(3, 1), SessionWindows(1)],
+                         ids=["tumbling", "sliding", "session"])
+@pytest.mark.parametrize("lateness", [0, 2])
+def test_fractional_timestamps_fire_every_window_once_and_purge_it(windows, lateness):
+    """Timestamps in seconds with fractions (window parameters are whole): every window is
+    found again by its timers, fires, and is purged (a window bound computed two ways in
+    floating point could differ in the last bit, and a timer would then miss its window)."""
+    rng = random.Random(4)
+    recs = [(rng.choice("ab"), rng.random() * 50 + 1e6) for _ in range(300)]
+    recs.sort(key=lambda r: r[1])
+    steps = [(recs[i:i + 10], recs[i + 9][1] - 1) for i in range(0, 300, 10)]
+    steps[-1] = (steps[-1][0], float("inf"))
+    op = make(windows, PROCESS, lateness=lateness)
+    out, late = drive(op, steps)
+    assert late == [] and op.state == {} and len(op.timers) == 0
+    if isinstance(windows, SessionWindows):
+        expected = [(k, s, e, n) for k, s, e, n in sessions_oracle(recs, 1)]
+        assert sorted((k, s, e, len(ts)) for k, s, e, ts in out) == expected
+    else:
+        expected = defaultdict(list)
+        for k, t in recs:
+            for s, e in windows.assign(t):
+                expected[(k, s, e)].append(t)
+        assert sorted(out) == sorted((k, s, e, tuple(sorted(ts))) for (k, s, e), ts in expected.items())
+
+
+@pytest.mark.parametrize("windows", [TumblingWindows(50), SessionWindows(6)], ids=["tumbling", "session"])
+def test_tuple_keys_survive_a_restore_with_open_windows_and_timers(windows):
+    """Keys are tuples; state comes back from a checkpoint with arrays as lists (timers hold
+    keys inside arrays): a restored window must still fire under its tuple key."""
+    def factory():
+        op = WindowOperator(windows, lambda r: r[1], AGGREGATE, lambda a, r: a + 1,
+                            key_fn=lambda r: (r[0], r[0] * 2), allowed_lateness=10, create=lambda: 0,
+                            merge=lambda a, b: a + b)
+        op.late_stream = True
+        op.open(CTX)
+        return op
+
+    steps = out_of_order(2, keys="ab")
+    plain = drive(factory(), steps)
+    assert plain[0] and isinstance(plain[0][0][0], tuple)
+    for at in (5, 20, 33):
+        assert drive(factory(), steps, restore_at=at, factory=factory) == plain
