@@ -169,10 +169,11 @@ class FrameReader:
         return len(self._buf) - self._pos
 
 
-def _freeze(obj: Any) -> Any:
-    """A decoded map key made hashable: lists (msgpack arrays) become tuples, recursively."""
+def freeze(obj: Any) -> Any:
+    """A decoded key made hashable: lists (msgpack arrays) become tuples, recursively (a
+    key was hashable, so an array in it was a tuple)."""
     if isinstance(obj, list):
-        return tuple(_freeze(v) for v in obj)
+        return tuple(freeze(v) for v in obj)
     return obj
 
 
@@ -180,7 +181,7 @@ def _state_map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
     try:
         return dict(pairs)
     except TypeError:  # a key is an array: freeze it (values stay lists)
-        return {_freeze(k): v for k, v in pairs}
+        return {freeze(k): v for k, v in pairs}
 
 
 def unpack_state(data: bytes | memoryview) -> Any:

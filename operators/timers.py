@@ -26,6 +26,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import msgpack
 
+from abs_engine.codec import freeze
+
 from .base import Operator, OperatorContext, Owns
 from .eventtime import MIN_WATERMARK
 from .keyed_process import KeyState
@@ -100,17 +102,12 @@ class TimerService:
         self.__init__()  # type: ignore[misc]
         for d, ts, keys in timers:
             for key in keys:
-                key = _hashable(key)  # a tuple key comes back from state as a list
+                key = freeze(key)  # a tuple key inside an array comes back from state as a list
                 if owns is None or owns(key):
                     self.register(int(d), key, ts)
 
 
 _GONE = object()
-
-
-def _hashable(v: Any) -> Any:
-    """A key as it was: keys are hashable, so an array decoded as a list was a tuple."""
-    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
 
 
 class TimerContext:
@@ -210,7 +207,7 @@ class TimedOperator(Operator):
         for s in old:
             if s:
                 keys.update((k, v) for k, v in s["keys"].items() if owns(k))
-                timers.extend([d, ts, [k for k in keys if owns(_hashable(k))]] for d, ts, keys in s["timers"])
+                timers.extend([d, ts, [k for k in bucket if owns(freeze(k))]] for d, ts, bucket in s["timers"])
                 marks.append(s["watermark"])
         return {"keys": keys, "timers": timers, "watermark": min(marks) if marks else MIN_WATERMARK}
 

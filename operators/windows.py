@@ -49,7 +49,7 @@ class TumblingWindows:
 
     def __post_init__(self) -> None:
         _whole("size", self.size)
-        _whole("offset", self.offset, positive=False)
+        _whole("offset", self.offset, least=None)
 
     def assign(self, ts: Any) -> list[tuple[Any, Any]]:
         start = ts - (ts - self.offset) % self.size
@@ -65,7 +65,7 @@ class SlidingWindows:
     def __post_init__(self) -> None:
         _whole("size", self.size)
         _whole("slide", self.slide)
-        _whole("offset", self.offset, positive=False)
+        _whole("offset", self.offset, least=None)
         if self.slide > self.size:
             raise ValueError(f"slide ({self.slide}) must be at most size ({self.size}): a record would fall in no "
                              "window between them")
@@ -94,12 +94,12 @@ class SessionWindows:
 Windows = TumblingWindows | SlidingWindows | SessionWindows
 
 
-def _whole(name: str, v: Any, positive: bool = True) -> None:
+def _whole(name: str, v: Any, least: int | None = 1) -> None:
     """Window parameters are whole numbers of timestamp units (milliseconds by convention):
     then every window bound is exact even for fractional timestamps (a multiple of an
     integer, or a timestamp plus one), and a timer finds its window again by arithmetic."""
-    if not isinstance(v, int) or isinstance(v, bool) or (positive and v <= 0):
-        raise ValueError(f"window {name} must be an int{' > 0' if positive else ''} in timestamp units "
+    if not isinstance(v, int) or isinstance(v, bool) or (least is not None and v < least):
+        raise ValueError(f"window {name} must be an int{'' if least is None else f' >= {least}'} in timestamp units "
                          f"(milliseconds by convention), got {v!r}: give timestamps in a unit that makes it whole")
 
 
@@ -117,9 +117,7 @@ class WindowOperator(TimedOperator):
         self.kind = kind
         self.fn = fn
         self.key_fn = key_fn
-        _whole("allowed_lateness", allowed_lateness, positive=False)
-        if allowed_lateness < 0:
-            raise ValueError(f"allowed_lateness must be >= 0, got {allowed_lateness!r}")
+        _whole("allowed_lateness", allowed_lateness, least=0)
         self.allowed_lateness = allowed_lateness
         self.create, self.result, self.merge = create, result, merge
         self.sessions = isinstance(windows, SessionWindows)
@@ -192,14 +190,14 @@ class WindowOperator(TimedOperator):
                     end = start + size
                     if end > keep_after:
                         accepted = True
-                        acc = wins.get(start)
-                        if acc is not None:
-                            acc[2] = self._add(acc[2], record, False)
+                        win = wins.get(start)
+                        if win is not None:
+                            win[2] = self._add(win[2], record, False)
                         else:
-                            acc = wins[start] = [start, end, self._add(None, record, True)]
+                            win = wins[start] = [start, end, self._add(None, record, True)]
                             self._timers_for(key, end, fired_upto)
                         if end <= fired_upto:  # fired already, still kept: fire again with this record
-                            out.extend(self._emit(key, acc))
+                            out.extend(self._emit(key, win))
                     start -= slide
             if not wins:
                 del state[key]
@@ -269,7 +267,7 @@ class WindowOperator(TimedOperator):
 
     def _add_to_session(self, key: Any, wins: dict[Any, list[Any]], ts: Any, record: Any, out: list[Any]) -> bool:
         start, end = ts, ts + self.windows.gap  # type: ignore[union-attr]
-        starts, fire_at, purge_at = self.sessions_of.get(key) or self._index(key)
+        starts = self.sessions_of[key][0] if key in self.sessions_of else []
         # The sessions it touches: starting at or before its end, ending at or after its start
         # (a few, found from the right in start order: however many the key has open).
         touching: list[list[Any]] = []
@@ -287,22 +285,23 @@ class WindowOperator(TimedOperator):
             acc = w[2] if acc is None else self._merged(acc, w[2])
             self._drop_session(key, wins, w)
         merged = wins[start] = [start, end, self._add(acc, record, acc is None)]
-        insort(starts, start)
-        fire_at[end - 1] = start
-        purge_at[end - 1 + self.allowed_lateness] = start
+        self._index_session(key, merged)
         # The old windows' timers stay: a timer finds what is due when it fires (lazily).
-        if end - 1 > self.watermark:
-            self.timers.register(EVENT, key, end - 1)
-        if self.allowed_lateness:
-            self.timers.register(EVENT, key, end - 1 + self.allowed_lateness)
+        self._timers_for(key, end, self.watermark + 1)
         if end - 1 <= self.watermark:
             out.extend(self._emit(key, merged))
         return True
 
-    def _index(self, key: Any) -> tuple[list[Any], dict[Any, Any], dict[Any, Any]]:
-        fire_at: dict[Any, Any] = {}
-        index = self.sessions_of[key] = ([], fire_at, {} if self.allowed_lateness else fire_at)
-        return index
+    def _index_session(self, key: Any, w: list[Any]) -> None:
+        """Session ``w`` of ``key`` into the key's index (made on its first session)."""
+        index = self.sessions_of.get(key)
+        if index is None:
+            fire_at: dict[Any, Any] = {}
+            index = self.sessions_of[key] = ([], fire_at, {} if self.allowed_lateness else fire_at)
+        starts, fire_at, purge_at = index
+        insort(starts, w[0])
+        fire_at[w[1] - 1] = w[0]
+        purge_at[w[1] - 1 + self.allowed_lateness] = w[0]
 
     def _drop_session(self, key: Any, wins: dict[Any, list[Any]], w: list[Any]) -> None:
         starts, fire_at, purge_at = self.sessions_of[key]
@@ -372,8 +371,8 @@ class WindowOperator(TimedOperator):
 
     def keyed_state(self) -> dict[Any, Any]:
         """key -> start -> its window (or pane) ``[start, end, acc]``: the live map, not a
-        copy (the task encodes it before the next record, or forks to: a checkpoint's share
-        of the task thread stays small however many windows are open)."""
+        copy. The task encodes it, or forks a process that does, before the next record, so
+        a checkpoint's share of the task thread stays small however many windows are open."""
         return self.state
 
     def restore_keyed(self, values: dict[Any, Any]) -> None:
@@ -384,11 +383,8 @@ class WindowOperator(TimedOperator):
         self.sessions_of = {}
         if self.sessions:
             for k, wins in self.state.items():
-                starts, fire_at, purge_at = self._index(k)
-                for w in sorted(wins.values(), key=lambda w: w[0]):
-                    starts.append(w[0])
-                    fire_at[w[1] - 1] = w[0]
-                    purge_at[w[1] - 1 + self.allowed_lateness] = w[0]
+                for w in wins.values():
+                    self._index_session(k, w)
 
 
 def check_windows(windows: Any) -> Windows:

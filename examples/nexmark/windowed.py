@@ -47,10 +47,6 @@ def event_time(e: Event) -> int:
     return int(e[7] if e[0] == PERSON else e[6])
 
 
-def is_bid(e: Event) -> bool:
-    return bool(e[0] == BID)
-
-
 def _events(flow: Dataflow, count: int, parallelism: int, seed: int, rate: int, source: Source[Event] | None) -> Any:
     """The Nexmark stream in event time (``source``: the same events from elsewhere, e.g. a
     TestingSource over a list generated beforehand, as a benchmark reads them)."""
@@ -127,7 +123,7 @@ def build_q5(count: int, sink: Sink, parallelism: int = 2, seed: int = 0, rate: 
 def oracle_q5(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
     counts: dict[int, Counter[int]] = defaultdict(Counter)
     for e in events(count, seed, rate):
-        if is_bid(e):
+        if e[0] == BID:
             last = e[6] - e[6] % Q5_SLIDE
             for start in range(last, e[6] - Q5_SIZE, -Q5_SLIDE):
                 counts[start + Q5_SIZE][e[1]] += 1
@@ -181,7 +177,7 @@ def build_q7(count: int, sink: Sink, parallelism: int = 2, seed: int = 0, rate: 
 def oracle_q7(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
     best: dict[int, Event] = {}
     for e in events(count, seed, rate):
-        if is_bid(e):
+        if e[0] == BID:
             end = e[6] - e[6] % Q7_SIZE + Q7_SIZE
             b = q7_bid(e)[0]
             if end not in best or _rank(b) > _rank(best[end]):

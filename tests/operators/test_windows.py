@@ -151,6 +151,9 @@ def test_merged_sessions_hand_over_their_records_in_the_same_order_after_a_resto
         op.open(CTX)
         return op
 
+    # sessions [10, 20] and [30, 40], then 20 joins them: start order, then the new record
+    out, _ = drive(factory(), [([("k", 30), ("k", 10)], 0), ([("k", 20)], float("inf"))])
+    assert out == [("k", 10, 40, (10, 30, 20))]
     steps = out_of_order(seed, n=800, keys="ab", delay=60)
     plain = drive(factory(), steps)
     assert any(list(r[3]) != sorted(r[3]) for r in plain[0])  # the order is the arrival order, not sorted
@@ -257,9 +260,9 @@ def test_bad_windows_are_refused():
                          ids=["tumbling", "sliding", "session"])
 @pytest.mark.parametrize("lateness", [0, 2])
 def test_fractional_timestamps_fire_every_window_once_and_purge_it(windows, lateness):
-    """Timestamps in seconds with fractions (window parameters are whole): every window is
-    found again by its timers, fires, and is purged (a window bound computed two ways in
-    floating point could differ in the last bit, and a timer would then miss its window)."""
+    """Fractional timestamps (window parameters are whole, so every bound is exact): every
+    window is found again by its timers, fires once with its records, and is purged. A
+    lookup that recomputed a bound differently from its timer's time would miss it here."""
     rng = random.Random(4)
     recs = [(rng.choice("ab"), rng.random() * 50 + 1e6) for _ in range(300)]
     recs.sort(key=lambda r: r[1])
