@@ -14,7 +14,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, TypeVar, overload
 
 from operators.aggregate import Aggregate, AggregateFinal, FoldFinal, MergeFinal, PreAggregate, StatefulMap
-from operators.base import Operator, Sink, Source
+from operators.base import KeyFunction, Operator, Sink, Source
 from operators.basic import Filter, FlatMap, Identity, Map
 from operators.eventtime import BoundedOutOfOrderness, EventTimeSource
 from operators.joins import IntervalJoin
@@ -100,14 +100,16 @@ class Dataflow:
 
     def source(self, source: Source[T], name: str | None = None, parallelism: int | None = None,
                timestamps: Callable[[T], Any] | None = None,
-               watermarks: BoundedOutOfOrderness | None = None) -> "Stream[T]":
+               watermarks: BoundedOutOfOrderness | None = None, on_error: str = "fail") -> "Stream[T]":
         """The stream of records ``source`` reads, in ``parallelism`` subtasks (the dataflow's
         default if None). Each subtask reads its own share and snapshots its offset.
 
         Event time (README, "Event time"): ``timestamps(record)`` gives a record's timestamp
         and ``watermarks`` (default ``BoundedOutOfOrderness(0)``: ascending timestamps) how
         far behind the newest one the subtask's watermark stays, and after how long without
-        records it declares itself idle."""
+        records it declares itself idle. ``on_error`` applies to ``timestamps``: a record it
+        raises on (or gives no number for) fails the task naming the record ("fail"), or is
+        dropped and reported ("skip")."""
         if not isinstance(source, Source):
             raise GraphError(
                 GraphErrorReason.BAD_ARGUMENT,
@@ -121,11 +123,16 @@ class Dataflow:
             raise GraphError(GraphErrorReason.BAD_ARGUMENT,
                              f"Dataflow.source(): watermarks= takes a BoundedOutOfOrderness, got "
                              f"{type(watermarks).__name__}")
+        _on_error(on_error)
+        if on_error != "fail" and timestamps is None:
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                             "Dataflow.source(): on_error= applies to the timestamps= function; without one "
+                             "there is no user function to guard (give on_error to the operators instead)")
         if timestamps is not None:
             if not callable(timestamps):
                 raise GraphError(GraphErrorReason.BAD_ARGUMENT,
                                  "Dataflow.source(): timestamps= must be a function of the record")
-            source = EventTimeSource(source, timestamps, watermarks or BoundedOutOfOrderness())
+            source = EventTimeSource(source, timestamps, watermarks or BoundedOutOfOrderness(), on_error)
         n = self._name(name, "source")
         label = type(source.inner).__name__ + "[event time]" if isinstance(source, EventTimeSource) else \
             type(source).__name__
@@ -228,17 +235,20 @@ class Stream(Generic[T]):
         return Stream(self.flow, self._then(op, "apply", type(op).__name__, name, parallelism))
 
     @overload
-    def key_by(self, key: None = None) -> "KeyedStream[T, T]": ...
+    def key_by(self, key: None = None, on_error: str = "fail") -> "KeyedStream[T, T]": ...
 
     @overload
-    def key_by(self, key: Callable[[T], K]) -> "KeyedStream[T, K]": ...
+    def key_by(self, key: Callable[[T], K], on_error: str = "fail") -> "KeyedStream[T, K]": ...
 
-    def key_by(self, key: Callable[[T], Any] | None = None) -> "KeyedStream[T, Any]":
+    def key_by(self, key: Callable[[T], Any] | None = None, on_error: str = "fail") -> "KeyedStream[T, Any]":
         """Partition by ``key(record)`` (the record itself when key is None): the next
         operator is keyed, and every record of one key goes to the same subtask. A key must
         be msgpack-encodable and hash the same in every process (str, int, bytes, tuples of
-        them...); its key group (``max_parallelism``) decides its subtask."""
-        return KeyedStream(self.flow, self.node, key)
+        them...); its key group (``max_parallelism``) decides its subtask. A record ``key``
+        raises on fails the task naming ``key_by`` and the record (on_error="fail"), or is
+        dropped and reported ("skip"), wherever the key is computed (before the shuffle, or
+        in the keyed operator); before the shuffle, so is a record whose key is unhashable."""
+        return KeyedStream(self.flow, self.node, key, _on_error(on_error))
 
     def rebalance(self) -> "Stream[T]":
         """Send this stream's batches round robin to the next operator's subtasks."""
@@ -262,10 +272,12 @@ class Stream(Generic[T]):
     def interval_join(self, other: "Stream[U]", key: Callable[[T], Any], other_key: Callable[[U], Any],
                       timestamp: Callable[[T], Any], other_timestamp: Callable[[U], Any], lower: Any, upper: Any,
                       fn: Callable[[T, U], Any], name: str | None = None,
-                      parallelism: int | None = None) -> "Stream[Any]":
+                      parallelism: int | None = None, on_error: str = "fail") -> "Stream[Any]":
         """Every pair of one key with ``ts + lower <= other_ts <= ts + upper``, as ``fn(record,
         other_record)`` (operators/joins.py): an event-time join whose state is bounded by
-        the watermark. Records at or behind the watermark are late: reported, not joined."""
+        the watermark. Records at or behind the watermark are late: reported, not joined.
+        ``on_error`` applies to all its functions (keys, timestamps, ``fn``): a record one
+        raises on fails the task naming it ("fail"), or is dropped and reported ("skip")."""
         if other.flow is not self.flow:
             raise GraphError(GraphErrorReason.FOREIGN_STREAM, "interval_join() of streams from different Dataflows")
         for what, f in (("key", key), ("other_key", other_key), ("timestamp", timestamp),
@@ -275,14 +287,15 @@ class Stream(Generic[T]):
         if not lower <= upper:
             raise GraphError(GraphErrorReason.BAD_ARGUMENT,
                              f"interval_join(): lower ({lower!r}) must be at most upper ({upper!r})")
+        _on_error(on_error)
         base = name or self.flow._name(None, "interval_join")
         left = self.map(_tag_left, name=f"{base}_left")
         right = other.map(_tag_right, name=f"{base}_right")
-        op = IntervalJoin(lower, upper, fn, (key, other_key), (timestamp, other_timestamp))
+        op = IntervalJoin(lower, upper, fn, (key, other_key), (timestamp, other_timestamp), on_error)
         tagged = left.union(right, name=f"{base}_inputs")
-        keyed: KeyedStream[Any, Any] = KeyedStream(self.flow, tagged.node, op._key)
-        return keyed._keyed(op, "interval_join", base, parallelism,
-                            key_label=f"{_fn_label(key)}, {_fn_label(other_key)}")
+        key_label = f"{_fn_label(key)}, {_fn_label(other_key)}"
+        keyed: KeyedStream[Any, Any] = KeyedStream(self.flow, tagged.node, op._key, on_error, key_label)
+        return keyed._keyed(op, "interval_join", base, parallelism)
 
     def sink(self, sink: Sink, name: str | None = None, parallelism: int | None = None) -> None:
         """End the stream in ``sink`` (FileSink, CapturingSink, ParquetSink...). Sinks that
@@ -300,17 +313,26 @@ class KeyedStream(Stream[T], Generic[T, K]):
     split by key group when the job is rescaled, and written incrementally when
     ``incremental_checkpoints`` is on. Their outputs are ``(key, value)`` pairs."""
 
-    def __init__(self, flow: Dataflow, node: str, key_fn: Callable[[T], K] | None):
+    def __init__(self, flow: Dataflow, node: str, key_fn: Callable[[T], K] | None, key_on_error: str = "fail",
+                 key_name: str | None = None):
         super().__init__(flow, node, Partition.HASH)
         self.key_fn = key_fn
+        self.key_on_error = key_on_error  #: key_by's on_error: for the key function, on the edge and in the operator
+        self._key_name = key_name  #: how a key failure names the key function (None: its name)
 
     def _key_label(self) -> str:
-        return _fn_label(self.key_fn) if self.key_fn else "record"
+        return self._key_name or (_fn_label(self.key_fn) if self.key_fn else "record")
 
     def _keyed(self, op: Operator, base: str, name: str | None, parallelism: int | None,
                key_label: str | None = None) -> Stream[Any]:
         label = f"{base}(key={key_label or self._key_label()})"
-        return Stream(self.flow, self._then(op, base, label, name, parallelism, key_fn=self.key_fn, keyed=True))
+        # The edge's key function carries key_by's on_error (and a name) to the shuffle
+        # (runtime/output.py); the operator, which computes keys too, gets the on_error.
+        edge_key: Any = self.key_fn
+        if self.key_on_error != "fail" or self._key_name is not None:
+            edge_key = KeyFunction(self.key_fn, self.key_on_error, self._key_name)
+            op.key_on_error = self.key_on_error
+        return Stream(self.flow, self._then(op, base, label, name, parallelism, key_fn=edge_key, keyed=True))
 
     def count(self, name: str | None = None, parallelism: int | None = None) -> Stream[tuple[K, int]]:
         """Running count per key: ``(key, count so far)`` for every record."""
@@ -386,8 +408,10 @@ class KeyedStream(Stream[T], Generic[T, K]):
             return self._keyed(AggregateFinal(create, add, result, self.key_fn, _on_error(on_error)),
                                "aggregate_final", name, parallelism)
         upstream = self.flow.graph.nodes[self.node]
+        pre_op = PreAggregate(create, add, self.key_fn, _on_error(on_error))
+        pre_op.key_on_error = self.key_on_error  # the key is computed here, before the shuffle
         pre = Stream(self.flow, self.node, Partition.FORWARD)._then(
-            PreAggregate(create, add, self.key_fn, _on_error(on_error)), "pre_aggregate",
+            pre_op, "pre_aggregate",
             f"pre_aggregate(key={self._key_label()})",
             None if name is None else f"{name}_pre", upstream.parallelism)
         partials: KeyedStream[tuple[Any, A], Any] = KeyedStream(self.flow, pre, itemgetter(0))
@@ -409,13 +433,19 @@ class KeyedStream(Stream[T], Generic[T, K]):
         return self._keyed(StatefulMap(fn, self.key_fn, _on_error(on_error)), "stateful_map", name, parallelism)
 
     def apply_keyed(self, op: Operator, name: str | None = None, parallelism: int | None = None,
-                    timestamp: Callable[[T], Any] | None = None) -> Stream[Any]:
+                    timestamp: Callable[[T], Any] | None = None, on_error: str | None = None) -> Stream[Any]:
         """A user-defined keyed operator; it must key its state by the same key. A
         ``KeyedProcess`` (operators/keyed_process.py) gets this stream's key function and
         runtime-owned per-key state (snapshotted, rescaled by key group, incremental). A
         ``KeyedTimedProcess`` (operators/timers.py) also gets timers, and ``timestamp`` (a
-        function of the record) for ``ctx.timestamp``."""
+        function of the record) for ``ctx.timestamp``. ``on_error`` ("fail" or "skip"; None:
+        the operator's own, "fail" unless it sets one) applies to ``timestamp``,
+        ``process_key`` and ``on_timer``: skipped, a record's outputs are dropped and the
+        key's value is put back as it was (operators/keyed_process.py says what cannot be)."""
         from operators.keyed_process import KeyedProcess
+
+        if on_error is not None:
+            op.on_error = _on_error(on_error)
 
         if isinstance(op, (KeyedProcess, KeyedTimedProcess)) and op.key_fn is None:
             op.key_fn = self.key_fn
@@ -456,42 +486,48 @@ def _tag_right(record: Any) -> tuple[int, Any]:
 
 class WindowedStream(Generic[T, K]):
     """A keyed stream cut into event-time windows: finish it with ``reduce``, ``aggregate``
-    or ``process``; each returns a ``WindowResults`` stream (with its ``.late`` records)."""
+    or ``process``; each returns a ``WindowResults`` stream (with its ``.late`` records).
+    Their ``on_error`` applies to every function of the window (the timestamp function
+    too): a record one raises on fails the task naming it ("fail"), or is dropped and
+    reported with its key's windows unchanged ("skip"); a window whose ``result`` or
+    ``process`` raises when it fires is named as ``(key, start, end)`` (skipped: no output
+    for it)."""
 
     def __init__(self, keyed: KeyedStream[T, K], windows: Windows, timestamp: Callable[[T], Any],
                  allowed_lateness: Any):
         self.keyed, self.windows, self.timestamp, self.allowed_lateness = keyed, windows, timestamp, allowed_lateness
 
-    def _op(self, kind: str, fn: Callable[..., Any], name: str | None, parallelism: int | None,
+    def _op(self, kind: str, fn: Callable[..., Any], name: str | None, parallelism: int | None, on_error: str,
             **kw: Any) -> "WindowResults[Any]":
-        op = WindowOperator(self.windows, self.timestamp, kind, fn, self.keyed.key_fn, self.allowed_lateness, **kw)
+        op = WindowOperator(self.windows, self.timestamp, kind, fn, self.keyed.key_fn, self.allowed_lateness, **kw,
+                            on_error=_on_error(on_error))
         w = self.windows
         label = type(w).__name__.replace("Windows", "").lower()
         s = self.keyed._keyed(op, f"window_{kind}", name, parallelism, key_label=f"{self.keyed._key_label()}, {label}")
         return WindowResults(s.flow, s.node, op)
 
     def reduce(self, fn: Callable[[T, T], T], name: str | None = None,
-               parallelism: int | None = None) -> "WindowResults[tuple[K, Any, Any, T]]":
+               parallelism: int | None = None, on_error: str = "fail") -> "WindowResults[tuple[K, Any, Any, T]]":
         """Per key and window, ``fn(acc, record)`` from the window's first record: ``(key,
         start, end, acc)`` when the window fires."""
-        return self._op(REDUCE, fn, name, parallelism)
+        return self._op(REDUCE, fn, name, parallelism, on_error)
 
     def aggregate(self, create: Callable[[], A], add: Callable[[A, T], A], result: Callable[[A], Any] | None = None,
                   merge: Callable[[A, A], A] | None = None, name: str | None = None,
-                  parallelism: int | None = None) -> "WindowResults[tuple[K, Any, Any, Any]]":
+                  parallelism: int | None = None, on_error: str = "fail") -> "WindowResults[tuple[K, Any, Any, Any]]":
         """Per key and window, ``acc = add(acc, record)`` from ``create()``: ``(key, start,
         end, result(acc))`` (or ``acc``) when it fires. Session windows merge accumulators:
         they need ``merge(acc1, acc2)``."""
         if isinstance(self.windows, SessionWindows) and merge is None:
             raise GraphError(GraphErrorReason.BAD_ARGUMENT,
                              "aggregate() over SessionWindows needs merge=(acc1, acc2) -> acc: sessions merge")
-        return self._op(AGGREGATE, add, name, parallelism, create=create, result=result, merge=merge)
+        return self._op(AGGREGATE, add, name, parallelism, on_error, create=create, result=result, merge=merge)
 
     def process(self, fn: Callable[[K, Any, Any, list[T]], Iterable[U] | None], name: str | None = None,
-                parallelism: int | None = None) -> "WindowResults[U]":
+                parallelism: int | None = None, on_error: str = "fail") -> "WindowResults[U]":
         """Per key and window, ``fn(key, start, end, records)`` when it fires: the records it
         returns (the window keeps its records until then)."""
-        return self._op(PROCESS, fn, name, parallelism)
+        return self._op(PROCESS, fn, name, parallelism, on_error)
 
 
 class WindowResults(Stream[T]):

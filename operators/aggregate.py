@@ -22,11 +22,14 @@ Semantics (every one keyed: records of one key arrive at one subtask, in order p
   the key's state.
 
 If a user function raises, the key's state is unchanged (provided it did not mutate the
-accumulator in place before raising): with on_error="fail" (default) the task fails naming
-the record (and the job fails if it fails again on it after a restart); with "skip" the
-record is dropped and reported. Accumulators and states must be msgpack-encodable: after a
-restore a tuple comes back as a list (records crossing a process go the other way: a list
-arrives as a tuple).
+accumulator in place before raising): every function of a record (``create``, ``add``,
+``result``) runs before anything is committed, and ``record_failed`` (operators/base.py)
+applies: with on_error="fail" (default) the task fails naming the function and the record
+(and the job fails if it fails again on it after a restart); with "skip" the record is
+dropped and reported. At the end of input, a ``result`` that raises on a key's accumulator
+names ``(key, accumulator)`` as the record (skipped: that key's result is left out).
+Accumulators and states must be msgpack-encodable: after a restore a tuple comes back as a
+list (records crossing a process go the other way: a list arrives as a tuple).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import Any, Callable
 
-from .base import Operator, RecordError, check_on_error
+from .base import Operator, check_on_error, function_label, raised_in
 from .keyed import KeyFn, Reduce
 
 _NONE = object()
@@ -42,6 +45,8 @@ _NONE = object()
 
 class Aggregate(Reduce):
     """Running aggregate per key (see the module docstring)."""
+
+    ROLE = "add"
 
     def __init__(self, create: Callable[[], Any], add: Callable[[Any, Any], Any],
                  result: Callable[[Any], Any] | None = None, key_fn: KeyFn = None, on_error: str = "fail"):
@@ -53,18 +58,36 @@ class Aggregate(Reduce):
         self.TRACKS_VALUES = result is None
 
     def _step(self, state: dict[Any, Any], k: Any, rec: Any) -> Any:
+        """The key's accumulator with ``rec`` added (``create()`` first for a new key);
+        nothing is stored. A ``create`` that raises is named by ``_step_failed``."""
         acc = state.get(k, _NONE)
         return self.fn(self.create() if acc is _NONE else acc, rec)
 
+    def _step_failed(self, state: dict[Any, Any], k: Any, rec: Any, e: Exception) -> None:
+        # create() runs only for a new key, and add() after it: a new key's failure with an
+        # exception raised in create's own frame names create.
+        if k not in state and raised_in(e, self.create):
+            self._failed(rec, e, "create", self.create)
+        else:
+            self._failed(rec, e)
+
     def process(self, batch: list[Any]) -> list[Any]:
         state, result, out = self.state, self.result, []
-        for k, rec in zip(self.keys_of(batch), batch):
+        keys, batch = self.keys_of(batch)
+        for k, rec in zip(keys, batch):
             try:
                 acc = self._step(state, k, rec)
-                emitted = acc if result is None else result(acc)
             except Exception as e:
-                self._failed(rec, e)
+                self._step_failed(state, k, rec, e)
                 continue
+            if result is None:
+                emitted = acc
+            else:
+                try:
+                    emitted = result(acc)
+                except Exception as e:
+                    self._failed(rec, e, "result", result)
+                    continue
             state[k] = acc
             out.append((k, emitted))
         if self.changed is not None and self.TRACKS_VALUES:
@@ -82,11 +105,12 @@ class AggregateFinal(Aggregate):
 
     def process(self, batch: list[Any]) -> list[Any]:
         state = self.state
-        for k, rec in zip(self.keys_of(batch), batch):
+        keys, batch = self.keys_of(batch)
+        for k, rec in zip(keys, batch):
             try:
                 acc = self._step(state, k, rec)
             except Exception as e:
-                self._failed(rec, e)
+                self._step_failed(state, k, rec, e)
                 continue
             state[k] = acc
         return []
@@ -100,7 +124,7 @@ class AggregateFinal(Aggregate):
             try:
                 out.append((k, result(acc)))
             except Exception as e:
-                self._failed((k, acc), e)
+                self._failed((k, acc), e, "result", result)
         return out
 
 
@@ -120,14 +144,20 @@ class PreAggregate(Operator):
         create, add, key_fn = self.create, self.add, self.key_fn
         partials: dict[Any, Any] = {}
         for rec in batch:
+            if key_fn is None:
+                k = rec
+            else:
+                try:
+                    k = key_fn(rec)
+                except Exception as e:
+                    self.record_failed(rec, function_label("key", key_fn), e, self.key_on_error)
+                    continue
+            acc = partials.get(k, _NONE)
             try:
-                k = rec if key_fn is None else key_fn(rec)
-                acc = partials.get(k, _NONE)
                 partials[k] = add(create() if acc is _NONE else acc, rec)
             except Exception as e:
-                if self.on_error == "fail":
-                    raise RecordError(rec) from e
-                self.skipped.append((rec, e))
+                role, fn = ("create", create) if acc is _NONE and raised_in(e, create) else ("add", add)
+                self.record_failed(rec, function_label(role, fn), e)
         return list(partials.items())
 
 
@@ -139,6 +169,8 @@ class MergeFinal(AggregateFinal):
                  on_error: str = "fail"):
         super().__init__(_no_create, merge, result, itemgetter(0), on_error)
 
+    ROLE = "merge"
+
     def _step(self, state: dict[Any, Any], k: Any, rec: Any) -> Any:
         acc = state.get(k, _NONE)
         return rec[1] if acc is _NONE else self.fn(acc, rec[1])
@@ -146,6 +178,7 @@ class MergeFinal(AggregateFinal):
 
 def _no_create() -> Any:  # MergeFinal starts from a key's first partial
     raise AssertionError("MergeFinal never creates an accumulator")
+
 
 
 class FoldFinal(AggregateFinal):
@@ -160,11 +193,14 @@ class FoldFinal(AggregateFinal):
 class StatefulMap(Reduce):
     """``state, out = fn(state, record)`` per key; emits ``(key, out)`` (see the module docstring)."""
 
+    ROLE = "stateful_map"
+
     TRACKS_VALUES = False  # it may drop a key's state: tracks keys (a dropped key becomes a delete)
 
     def process(self, batch: list[Any]) -> list[Any]:
         state, fn, out = self.state, self.fn, []
-        for k, rec in zip(self.keys_of(batch), batch):
+        keys, batch = self.keys_of(batch)
+        for k, rec in zip(keys, batch):
             try:
                 result = fn(state.get(k), rec)
                 if not isinstance(result, tuple) or len(result) != 2:

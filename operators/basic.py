@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from .base import Operator, RecordError, check_on_error
+from .base import Operator, check_on_error, function_label
 
 
 class _PerRecord(Operator):
+    ROLE = ""  #: how a failure names the function ("map function 'parse'")
+
     def __init__(self, fn: Callable[[Any], Any], on_error: str = "fail"):
         self.fn = fn
         self.on_error = check_on_error(on_error)
@@ -25,20 +27,20 @@ class _PerRecord(Operator):
 
     def _isolate(self, batch: list[Any], first: BaseException) -> list[Any]:
         out: list[Any] = []
+        label = function_label(self.ROLE, self.fn)
         for record in batch:
             try:
-                self._one(record, out)
+                self._one(record, out)  # appends only once the record succeeded
             except Exception as e:
-                if self.on_error == "skip":
-                    self.skipped.append((record, e))
-                    continue
-                raise RecordError(record) from e
+                self.record_failed(record, label, e)  # raises, or (skip) notes it: dropped
         if self.on_error == "fail":
             raise first  # it did not fail on any single record: not reproducible
         return out
 
 
 class Map(_PerRecord):
+    ROLE = "map"
+
     def _one(self, record: Any, out: list[Any]) -> None:
         out.append(self.fn(record))
 
@@ -46,10 +48,13 @@ class Map(_PerRecord):
         try:
             return list(map(self.fn, batch))
         except Exception as e:
-            return self._isolate(batch, e)
+            first = e
+        return self._isolate(batch, first)  # (outside the handler: the failure's traceback shows it once)
 
 
 class FlatMap(_PerRecord):
+    ROLE = "flat_map"
+
     def __init__(self, fn: Callable[[Any], Iterable[Any]], on_error: str = "fail"):
         super().__init__(fn, on_error)
 
@@ -61,10 +66,13 @@ class FlatMap(_PerRecord):
         try:
             return [out for rec in batch for out in fn(rec)]
         except Exception as e:
-            return self._isolate(batch, e)
+            first = e
+        return self._isolate(batch, first)
 
 
 class Filter(_PerRecord):
+    ROLE = "filter"
+
     def __init__(self, fn: Callable[[Any], bool], on_error: str = "fail"):
         super().__init__(fn, on_error)
 
@@ -76,7 +84,8 @@ class Filter(_PerRecord):
         try:
             return list(filter(self.fn, batch))
         except Exception as e:
-            return self._isolate(batch, e)
+            first = e
+        return self._isolate(batch, first)
 
 
 class Identity(Operator):

@@ -16,6 +16,12 @@ records.
 
 State: the source's offsets and the highest timestamp it has seen, snapshotted together, so
 a restored subtask resumes with the watermark it had (a checkpoint's watermark state).
+
+A timestamps function that raises on a record, or returns something that is not a number,
+goes through ``record_failed`` (operators/base.py, ``Guarded``) with the source's
+``on_error`` (``Dataflow.source(..., on_error=...)``): "fail" names the source, the function
+and the record (and a repeat after a restart fails the job at once); "skip" leaves the
+record out of the batch (it is reported, and never counts towards the watermark).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generic
 
-from .base import OperatorContext, Owns, Source, T
+from .base import OperatorContext, Owns, Source, T, check_on_error, function_label
 
 MIN_WATERMARK = float("-inf")
 MAX_WATERMARK = float("inf")
@@ -58,10 +64,13 @@ class EventTimeSource(Source[T], Generic[T]):
     """``inner`` with a watermark: see the module docstring. The task asks ``emit_status``
     after every read (and while the source has nothing) what to send downstream."""
 
-    def __init__(self, inner: Source[T], timestamps: TimestampFn, strategy: BoundedOutOfOrderness):
+    def __init__(self, inner: Source[T], timestamps: TimestampFn, strategy: BoundedOutOfOrderness,
+                 on_error: str = "fail"):
         self.inner = inner
         self.timestamps = timestamps
         self.strategy = strategy
+        self.on_error = check_on_error(on_error)
+        self.skipped = []
         self.max_ts: float = MIN_WATERMARK
         self.sent: float | None = MIN_WATERMARK  #: the last status sent: a watermark, or None (idle)
         self.last_record = 0.0
@@ -92,15 +101,44 @@ class EventTimeSource(Source[T], Generic[T]):
         batch = self.inner.read_batch()
         if batch:
             self.last_record = time.monotonic()
-            ts = self.timestamps
-            try:
-                newest = max(map(ts, batch))
+            first = None
+            try:  # the fast path: one pass over the batch
+                newest = max(map(self.timestamps, batch))
+                later = newest > self.max_ts  # (a timestamp that is no number fails here)
             except Exception as e:
-                raise ValueError(f"the timestamps function {getattr(ts, '__name__', ts)!r} failed on a record of "
-                                 f"this batch: {e}; it must return a number for every record") from e
-            if newest > self.max_ts:
+                first = e
+            if first is not None:  # (outside the handler: the failure's traceback shows it once)
+                batch, newest = self._isolate(batch, first)
+                later = bool(batch) and newest > self.max_ts
+            if later:
                 self.max_ts = newest
         return batch
+
+    def _isolate(self, batch: list[T], first: Exception) -> tuple[list[T], Any]:
+        """The slow path, after the batch's timestamps failed: record by record, each
+        record that fails goes through record_failed (skip: it is left out of the batch).
+        Returns the records kept and their newest timestamp."""
+        ts, label = self.timestamps, function_label("timestamps", self.timestamps)
+        kept: list[T] = []
+        newest: Any = MIN_WATERMARK
+        for record in batch:
+            try:
+                t = ts(record)
+            except Exception as e:
+                self.record_failed(record, label, e)  # raises, or (skip) notes it: left out
+                continue
+            try:
+                later = t > newest
+            except TypeError:
+                self.record_failed(record, label, TypeError(f"a timestamp must be a number, got {type(t).__name__} "
+                                                            f"{t!r}"))
+                continue
+            kept.append(record)
+            if later:
+                newest = t
+        if len(kept) == len(batch) and self.on_error == "fail":
+            raise first  # no single record fails again: not reproducible
+        return kept, newest
 
     def snapshot(self, checkpoint_id: int) -> Any:
         return {"offsets": self.inner.snapshot(checkpoint_id), "max_ts": self.max_ts}

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from abs_engine.errors import InputError
 
-from .base import OperatorContext, RecordError, Sink, Source
+from .base import OperatorContext, Sink, Source, function_label
 
 FINGERPRINT_EDGE = 64 * 1024  #: bytes hashed at each end of the file for its fingerprint
 
@@ -259,11 +259,12 @@ class FileSink(Sink):
         try:
             lines = list(map(self.format, batch))
         except Exception:
+            label = function_label("format", self.format)
             for record in batch:  # name the record the format cannot write
                 try:
                     self.format(record)
                 except Exception as e:
-                    raise RecordError(record) from e
+                    self.record_failed(record, label, e)  # a sink never skips: it raises
             raise
         self.buffer.extend(lines)
         return []

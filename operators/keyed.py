@@ -12,6 +12,12 @@ per-record cost) and the final variants the keys a batch touches (a set, one
 to ``state`` is reflected in ``changed`` by the end of the batch (a value recorded is the
 value the state holds; a key recorded but unchanged costs a few bytes, never a wrong
 answer); nothing is ever deleted from a state here.
+
+User functions that raise (operators/base.py, ``Guarded``): a key function that raises on
+a record goes through ``record_failed`` with ``key_by``'s ``on_error`` (``key_on_error``):
+skipped, the record is left out of the batch before any state is touched. A reduce,
+aggregate or stateful_map function's result is committed only once every function of that
+record has returned.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable
 
-from .base import Operator, RecordError, check_on_error
+from .base import Operator, check_on_error, function_label
 
 KeyFn = Callable[[Any], Any] | None
 
@@ -45,27 +51,39 @@ class _Keyed(Operator):
         self.track_changes()
         return changed if changed is not None else self.changed  # type: ignore[return-value]
 
-    def keys_of(self, batch: list[Any]) -> list[Any]:
+    def keys_of(self, batch: list[Any]) -> tuple[list[Any], list[Any]]:
+        """``(keys, records)``: the key of every record of ``batch`` and the records they
+        are of (``batch`` itself unless the key function skipped some: on_error of
+        ``key_by``, through ``record_failed``). Records the keys the batch touches."""
         if self.key_fn is None:
             keys = batch
         else:
-            keys = self._apply_key_fn(batch)
+            keys, batch = self._apply_key_fn(batch)
         if self.changed.__class__ is set:
             self.changed.update(keys)
-        return keys
+        return keys, batch
 
-    def _apply_key_fn(self, batch: list[Any]) -> list[Any]:
-        assert self.key_fn is not None
+    def _apply_key_fn(self, batch: list[Any]) -> tuple[list[Any], list[Any]]:
+        key_fn = self.key_fn
+        assert key_fn is not None
         try:
-            return list(map(self.key_fn, batch))
-        except Exception:
-            key_fn = self.key_fn
-            for record in batch:
-                try:
-                    key_fn(record)
-                except Exception as e:
-                    raise RecordError(record) from e
-            raise
+            return list(map(key_fn, batch)), batch  # the fast path: one map over the batch
+        except Exception as e:
+            first = e
+        # Record by record (outside the handler: the failure's traceback shows it once).
+        keys, kept = [], []
+        label = function_label("key", key_fn)
+        for record in batch:
+            try:
+                k = key_fn(record)
+            except Exception as e:
+                self.record_failed(record, label, e, self.key_on_error)  # raises, or skips it
+                continue
+            keys.append(k)
+            kept.append(record)
+        if len(kept) == len(batch) and self.key_on_error == "fail":
+            raise first  # it did not fail on any single record: not reproducible
+        return keys, kept
 
     def snapshot(self, checkpoint_id: int) -> Any:
         # No copy: the task encodes the returned state before it processes another record.
@@ -94,7 +112,8 @@ class Count(_Keyed):
     def process(self, batch: list[Any]) -> list[Any]:
         state = self.state
         out = []
-        for k in self.keys_of(batch):
+        keys, _ = self.keys_of(batch)
+        for k in keys:
             c = state.get(k, 0) + 1
             state[k] = c
             out.append((k, c))
@@ -111,7 +130,7 @@ class CountFinal(_Keyed):
         self.state = Counter()
 
     def process(self, batch: list[Any]) -> list[Any]:
-        self.state.update(self.keys_of(batch))  # Counter.update counts in C
+        self.state.update(self.keys_of(batch)[0])  # Counter.update counts in C
         return []
 
     def finish(self) -> list[Any]:
@@ -127,8 +146,10 @@ class Reduce(_Keyed):
     """Running reduce per key: acc = fn(acc, record); emits (key, acc) for every record.
 
     If ``fn`` raises, the state of that key is unchanged (provided ``fn`` does not mutate the
-    accumulator in place before raising): with on_error="fail" (default) the task fails naming
-    the record, with on_error="skip" the record is dropped and reported."""
+    accumulator in place before raising): ``record_failed`` applies (on_error="fail", the
+    default, fails the task naming the function and the record; "skip" drops and reports it)."""
+
+    ROLE = "reduce"  #: how a failure names ``fn``
 
     TRACKS_VALUES = True
 
@@ -138,15 +159,15 @@ class Reduce(_Keyed):
         self.on_error = check_on_error(on_error)
         self.skipped: list[tuple[Any, BaseException]] = []
 
-    def _failed(self, record: Any, e: Exception) -> None:
-        if self.on_error == "skip":
-            self.skipped.append((record, e))
-            return
-        raise RecordError(record) from e
+    def _failed(self, record: Any, e: Exception, role: str = "", fn: Any = None) -> None:
+        """``record`` made this operator's function (or the function ``fn`` of ``role``)
+        raise ``e``, before anything of it was committed (compute first, then commit)."""
+        self.record_failed(record, function_label(role or self.ROLE, fn or self.fn), e)
 
     def process(self, batch: list[Any]) -> list[Any]:
         state, fn, out = self.state, self.fn, []
-        for k, rec in zip(self.keys_of(batch), batch):
+        keys, batch = self.keys_of(batch)
+        for k, rec in zip(keys, batch):
             try:
                 acc = fn(state[k], rec) if k in state else rec
             except Exception as e:
@@ -166,7 +187,8 @@ class ReduceFinal(Reduce):
 
     def process(self, batch: list[Any]) -> list[Any]:
         state, fn = self.state, self.fn
-        for k, rec in zip(self.keys_of(batch), batch):
+        keys, batch = self.keys_of(batch)
+        for k, rec in zip(keys, batch):
             try:
                 state[k] = fn(state[k], rec) if k in state else rec
             except Exception as e:

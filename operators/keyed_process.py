@@ -21,6 +21,15 @@ Invariants: the state is one map key -> value (msgpack-encodable; a state that i
 SerializationError naming the operator at the first checkpoint); a key with no value is
 absent from it, never mapped to None; only the current record's key is reachable from
 ``state``, so a subtask only ever touches the keys it owns.
+
+If ``process_key`` raises (operators/base.py, ``Guarded``): with ``on_error="fail"`` (the
+default) the task fails naming ``process_key`` and the record; with ``apply_keyed(...,
+on_error="skip")`` the record is dropped and reported, what it emitted is dropped, and the
+key's value is put back as it was before the call (an assignment or ``del`` of
+``state.value`` is undone). What the runtime cannot undo: changes made *in place* to a
+mutable value before the raise (``state.map[k] = v``, appending to a list), and (in a
+``KeyedTimedProcess``) timers registered or deleted before it. Compute first and assign
+last to keep a key's state whole.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from typing import Any, Iterable
 
 from .base import OperatorContext
 from .keyed import KeyFn, _Keyed
+
+PROCESS_KEY = "process_key"  #: how a failure names ``process_key``: "process_key of RunningMean"
 
 _ABSENT = object()
 
@@ -88,12 +99,35 @@ class KeyedProcess(_Keyed):
         raise NotImplementedError("implement process_key(key, record, state) in your KeyedProcess subclass")
 
     def process(self, batch: list[Any]) -> list[Any]:
-        view = KeyState(self.state)
+        states = self.state
+        view = KeyState(states)
         out: list[Any] = []
         process_key = self.process_key
-        for key, record in zip(self.keys_of(batch), batch):  # keys_of records the keys touched
+        undo = self.on_error == "skip"  # (failing, the task restarts from a checkpoint: nothing to undo)
+        keys, batch = self.keys_of(batch)  # records the keys touched
+        for key, record in zip(keys, batch):
             view.key = key
-            emitted = process_key(key, record, view)
-            if emitted:
-                out.extend(emitted)
+            before = states.get(key, _ABSENT) if undo else None
+            n = len(out)
+            try:
+                emitted = process_key(key, record, view)
+                if emitted:
+                    out.extend(emitted)  # (a generator runs here: its failure is the record's too)
+            except Exception as e:
+                del out[n:]
+                if undo:
+                    put_back(states, key, before)
+                self.record_failed(record, process_key_label(self), e)
         return out
+
+
+def put_back(states: dict[Any, Any], key: Any, before: Any) -> None:
+    """The key's value as it was before a call that raised (``_ABSENT``: it had none)."""
+    if before is _ABSENT:
+        states.pop(key, None)
+    else:
+        states[key] = before
+
+
+def process_key_label(op: Any, method: str = PROCESS_KEY) -> str:
+    return f"{method} of {type(op).__name__}"

@@ -17,6 +17,13 @@ uninterrupted run would; a rescale deals them out with their keys' key groups.
 register and delete timers of the current key). Its whole state is written at every
 checkpoint (no incremental deltas). A record whose timestamp is at or below the watermark
 is late; what to do with it is the operator's choice (``ctx.is_late``).
+
+User functions that raise (operators/base.py, ``Guarded``): the key function, the
+timestamp function and ``process_key`` name the record; ``on_timer`` names the timer's
+``(key, timestamp)`` as its record (a restore fires it again, so a repeat is a poison
+record too). With ``apply_keyed(..., on_error="skip")`` the record (or the timer's
+output) is dropped and reported, and the key's value is put back as it was before the
+call; timers a failing call registered or deleted stay so (see operators/keyed_process.py).
 """
 
 from __future__ import annotations
@@ -28,9 +35,9 @@ import msgpack
 
 from abs_engine.codec import freeze
 
-from .base import Operator, OperatorContext, Owns
+from .base import Operator, OperatorContext, Owns, function_label
 from .eventtime import MIN_WATERMARK
-from .keyed_process import KeyState
+from .keyed_process import _ABSENT, KeyState, process_key_label, put_back
 
 EVENT, PROCESSING = 0, 1  #: timer domains
 DOMAINS = {EVENT: "event time", PROCESSING: "processing time"}
@@ -234,24 +241,64 @@ class KeyedTimedProcess(TimedOperator):
         """A timer of ``key`` fired (``domain``: EVENT or PROCESSING). Default: nothing."""
         return None
 
+    def function(self, role: str, record: Any) -> str:
+        """How a failure of ``role`` ("key", "timestamp", "process_key") on ``record``
+        names the function (IntervalJoin names its inputs' functions)."""
+        if role == "key":
+            return function_label("key", self.key_fn)
+        if role == "timestamp":
+            return function_label("timestamp", self.timestamp_fn)
+        return process_key_label(self)
+
     def process(self, batch: list[Any]) -> list[Any]:
         out: list[Any] = []
-        key_fn, ts_fn, ctx, view = self.key_fn, self.timestamp_fn, self._ctx, self._view
+        key_fn, ts_fn, ctx, view, values = self.key_fn, self.timestamp_fn, self._ctx, self._view, self.values
+        undo = self.on_error == "skip"  # (failing, the task restarts from a checkpoint: nothing to undo)
         for record in batch:
-            key = key_fn(record) if key_fn is not None else record
+            if key_fn is None:
+                key = record
+            else:
+                try:
+                    key = key_fn(record)
+                except Exception as e:
+                    self.record_failed(record, self.function("key", record), e, self.key_on_error)
+                    continue
+            if ts_fn is None:
+                ts = None
+            else:
+                try:
+                    ts = ts_fn(record)
+                except Exception as e:
+                    self.record_failed(record, self.function("timestamp", record), e)
+                    continue
             ctx.key = view.key = key
-            ctx.timestamp = ts_fn(record) if ts_fn is not None else None
-            emitted = self.process_key(key, record, view, ctx)
-            if emitted:
-                out.extend(emitted)
+            ctx.timestamp = ts
+            before = values.get(key, _ABSENT) if undo else None
+            n = len(out)
+            try:
+                emitted = self.process_key(key, record, view, ctx)
+                if emitted:
+                    out.extend(emitted)
+            except Exception as e:
+                del out[n:]
+                if undo:
+                    put_back(values, key, before)
+                self.record_failed(record, self.function("process_key", record), e)
         return out
 
     def fire(self, key: Any, timestamp: float, domain: int) -> list[Any]:
         ctx, view = self._ctx, self._view
         ctx.key = view.key = key
         ctx.timestamp = timestamp
-        emitted = self.on_timer(key, timestamp, domain, view, ctx)
-        return list(emitted) if emitted else []
+        before = self.values.get(key, _ABSENT) if self.on_error == "skip" else None
+        try:
+            emitted = self.on_timer(key, timestamp, domain, view, ctx)
+            return list(emitted) if emitted else []
+        except Exception as e:
+            if self.on_error == "skip":
+                put_back(self.values, key, before)
+            self.record_failed((key, timestamp), process_key_label(self, "on_timer"), e)
+            return []
 
     def keyed_state(self) -> dict[Any, Any]:
         return self.values

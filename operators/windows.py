@@ -24,6 +24,25 @@ restore needs to fire each window once with the same contents. Sliding windows o
 aggregate with ``merge`` (size a multiple of the slide) are kept as panes of one slide,
 ``[pane start, pane end, accumulator]``: a record updates one pane, and a window merges
 its panes, in start order, into a fresh accumulator when it fires.
+
+User functions that raise (operators/base.py, ``Guarded``; ``on_error`` of ``reduce``,
+``aggregate`` or ``process``, the key function's of ``key_by``):
+
+- On a record (its key, its timestamp, or the functions that add it to its windows, and
+  the result of a window it fires again because it came late): the record is named, and
+  a skipped record leaves its key's windows and the output as they were. A window's
+  (pane's, session's) new accumulator is computed before it is stored; what a record
+  stored before a later function of it raised (an earlier of its sliding windows, or a
+  pane whose window then fires again) is put back, and its output dropped. A timer that a
+  window or pane put back registered stays: when it fires it finds nothing, or a window
+  that registered the same timer. The one exception: a function that changes its
+  accumulator argument in place before it or a later function of the same record raises
+  (an ``add`` that appends to its accumulator, then a ``result`` that raises on a late
+  re-fire; a ``merge`` of sessions that updates its first argument, then an ``add`` that
+  raises) leaves that change.
+- When a window fires (``result``, ``process``, or merging panes): the window ``(key,
+  start, end)`` is named as the record (a restore fires it again: a repeat is a poison
+  record). Skipped, that window's output is left out and it is purged as it would be.
 """
 
 from __future__ import annotations
@@ -32,9 +51,11 @@ from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .base import check_on_error, function_label, raised_in
 from .timers import EVENT, TimedOperator
 
 REDUCE, AGGREGATE, PROCESS = "reduce", "aggregate", "process"
+_CREATED = object()  #: in a record's undo list: the window did not exist before it
 
 
 class LateRecord(Exception):
@@ -111,7 +132,7 @@ class WindowOperator(TimedOperator):
     def __init__(self, windows: Windows, timestamp: Callable[[Any], Any], kind: str, fn: Callable[..., Any],
                  key_fn: Callable[[Any], Any] | None = None, allowed_lateness: int = 0,
                  create: Callable[[], Any] | None = None, result: Callable[[Any], Any] | None = None,
-                 merge: Callable[[Any, Any], Any] | None = None):
+                 merge: Callable[[Any, Any], Any] | None = None, on_error: str = "fail"):
         self.windows = windows
         self.timestamp = timestamp
         self.kind = kind
@@ -137,19 +158,68 @@ class WindowOperator(TimedOperator):
         self.sessions_of: dict[Any, tuple[list[Any], dict[Any, Any], dict[Any, Any]]] = {}
         self.side: list[Any] = []
         self.skipped: list[tuple[Any, BaseException]] = []
-        self.on_error = "skip"  # late records without a late stream are reported as skipped
+        self.on_error = check_on_error(on_error)
+
+    @property
+    def reports_skipped(self) -> bool:
+        return True  # late records without a late stream are reported as skipped, whatever on_error says
+
+    # -- failures -------------------------------------------------------------------------
+
+    def _label(self, role: str) -> str:
+        fn = self.key_fn if role == "key" else self.timestamp
+        return function_label(role, fn)
+
+    def _function_of(self, e: BaseException) -> str:
+        """Which of the window's functions raised ``e`` (the one whose frame is in its
+        traceback; else the main one: reduce, add or process)."""
+        main = {REDUCE: "reduce", AGGREGATE: "add", PROCESS: "process"}[self.kind]
+        fns = [(main, self.fn), ("create", self.create), ("merge", self.merge), ("result", self.result)]
+        for role, fn in fns:
+            if fn is not None and raised_in(e, fn):
+                return function_label(role, fn)
+        return function_label(main, self.fn)
 
     # -- records --------------------------------------------------------------------------
 
-    def _add(self, acc: Any, record: Any, fresh: bool) -> Any:
+    def _updated(self, acc: Any, record: Any, fresh: bool) -> Any:
+        """A window's accumulator with ``record`` added, ``acc`` itself left as it is (for a
+        process function None: the record is appended when the change is committed)."""
         if self.kind == REDUCE:
             return record if fresh else self.fn(acc, record)
         if self.kind == AGGREGATE:
             return self.fn(self.create() if fresh else acc, record)  # type: ignore[misc]
-        if fresh:
+        return None
+
+    def _with(self, acc: Any, new: Any, record: Any) -> Any:
+        """The accumulator a window that fires again with ``record`` fires with."""
+        if self.kind == PROCESS:
+            return (list(acc) if acc is not None else []) + [record]
+        return new
+
+    def _put_back(self, wins: dict[Any, list[Any]], latest: Any, olds: list[Any]) -> None:
+        """Undo a record's changes to sliding windows: ``olds[i]`` is what the window
+        starting at ``latest - i * slide`` held (``_CREATED``: it did not exist; for a
+        process function, how many records it had)."""
+        slide = self.windows.slide  # type: ignore[union-attr]
+        for i, old in enumerate(olds):
+            start = latest - i * slide
+            if old is _CREATED:
+                del wins[start]
+            elif self.kind == PROCESS:
+                del wins[start][2][old:]
+            else:
+                wins[start][2] = old
+
+    def _committed(self, acc: Any, new: Any, record: Any) -> Any:
+        """The accumulator to store: ``new``, or a process function's records with ``record``."""
+        if self.kind != PROCESS:
+            return new
+        if acc is None:
             return [record]
         acc.append(record)
         return acc
+
 
     def _merged(self, a: Any, b: Any) -> Any:
         if self.kind == REDUCE:
@@ -175,30 +245,95 @@ class WindowOperator(TimedOperator):
         # kept while its end > keep_after, and has fired once its end <= fired_upto.
         fired_upto = self.watermark + 1
         keep_after = fired_upto - self.allowed_lateness
+        proc = self.kind == PROCESS
+        fn = self.fn
+        olds: list[Any] = []  #: sliding windows: a record's undo list (below), one list for the batch
         for record in batch:
-            key = key_fn(record) if key_fn is not None else record
-            ts = ts_fn(record)
+            if key_fn is None:
+                key = record
+            else:
+                try:
+                    key = key_fn(record)
+                except Exception as e:
+                    self.record_failed(record, self._label("key"), e, self.key_on_error)
+                    continue
+            try:
+                ts = ts_fn(record)
+                # The latest window's start (then one slide earlier each); a session's: the
+                # timestamp. Arithmetic on a timestamp that is no number fails here, as its.
+                start = ts - (ts - offset) % slide if slide else ts - 0
+            except Exception as e:
+                self.record_failed(record, self._label("timestamp"), e)
+                continue
             wins = state.get(key)
             if wins is None:
                 wins = state[key] = {}
             if sessions:
                 accepted = self._add_to_session(key, wins, ts, record, out)
-            else:
-                accepted = False
-                start = ts - (ts - offset) % slide  # the latest window's; then one slide earlier each
-                while start > ts - size:
-                    end = start + size
-                    if end > keep_after:
-                        accepted = True
-                        win = wins.get(start)
-                        if win is not None:
-                            win[2] = self._add(win[2], record, False)
-                        else:
-                            win = wins[start] = [start, end, self._add(None, record, True)]
+            elif slide == size:  # tumbling: one window, its new accumulator computed, then stored
+                end = start + size
+                accepted = end > keep_after
+                if accepted:
+                    win = wins.get(start)
+                    try:
+                        acc = None if win is None else win[2]
+                        # (reduce and add alike on a window that has records; else _updated)
+                        new = fn(acc, record) if win is not None and not proc else \
+                            self._updated(acc, record, win is None)
+                        again = self._emit(key, [start, end, self._with(acc, new, record)]) \
+                            if end <= fired_upto else None  # fired already, still kept: again
+                    except Exception as e:
+                        self.record_failed(record, self._function_of(e), e)  # skipped: nothing changed
+                    else:  # (the commit: no user function runs from here)
+                        if win is None:
+                            wins[start] = [start, end, [record] if proc else new]
                             self._timers_for(key, end, fired_upto)
-                        if end <= fired_upto:  # fired already, still kept: fire again with this record
-                            out.extend(self._emit(key, win))
-                    start -= slide
+                        elif proc:
+                            win[2].append(record)
+                        else:
+                            win[2] = new
+                        if again:
+                            out.extend(again)
+            else:
+                # Sliding: window after window (latest first), each one's new accumulator
+                # computed, then stored, its old one noted in ``olds``. The kept windows are
+                # a prefix of that order (their ends only decrease), so ``olds[i]`` is the
+                # window starting at ``latest - i * slide``. If a function raises, the windows
+                # changed before it are put back (the ones it created dropped): the key's
+                # windows are as they were; output waits until every one succeeded. (A timer
+                # of a dropped window stays: fire() looks its window up and finds nothing.)
+                olds.clear()
+                refired: list[Any] | None = None
+                latest = start
+                try:
+                    while start > ts - size:
+                        end = start + size
+                        if end > keep_after:
+                            win = wins.get(start)
+                            if win is None:
+                                win = [start, end, [record] if proc else self._updated(None, record, True)]
+                                wins[start] = win
+                                olds.append(_CREATED)
+                                self._timers_for(key, end, fired_upto)
+                            elif proc:
+                                olds.append(len(win[2]))
+                                win[2].append(record)
+                            else:
+                                olds.append(win[2])
+                                win[2] = fn(win[2], record)  # (reduce and add alike, on a window that has records)
+                            if end <= fired_upto:  # fired already, still kept: fire again with this record
+                                if refired is None:
+                                    refired = []
+                                refired.extend(self._emit(key, win))
+                        start -= slide
+                except Exception as e:
+                    self._put_back(wins, latest, olds)
+                    self.record_failed(record, self._function_of(e), e)
+                    accepted = True  # skipped, not late
+                else:
+                    if refired:
+                        out.extend(refired)
+                    accepted = bool(olds)
             if not wins:
                 del state[key]
                 self.sessions_of.pop(key, None)
@@ -223,20 +358,46 @@ class WindowOperator(TimedOperator):
         fired_upto = self.watermark + 1
         keep_after = fired_upto - self.allowed_lateness
         for record in batch:
-            ts = ts_fn(record)
-            ps = ts - (ts - offset) % slide
+            try:
+                ts = ts_fn(record)
+                ps = ts - (ts - offset) % slide
+            except Exception as e:
+                self.record_failed(record, self._label("timestamp"), e)
+                continue
             if ps + size <= keep_after:  # every window of its pane is purged
                 self._late(record, ts)
                 continue
-            key = key_fn(record) if key_fn is not None else record
+            if key_fn is None:
+                key = record
+            else:
+                try:
+                    key = key_fn(record)
+                except Exception as e:
+                    self.record_failed(record, self._label("key"), e, self.key_on_error)
+                    continue
             wins = state.get(key)
             if wins is None:
                 wins = state[key] = {}
             pane = wins.get(ps)
+            # The pane's new accumulator is stored only once computed (a function that
+            # raises changes nothing); ``old`` puts it back if a window fires again and fails.
             if pane is not None:
-                pane[2] = add(pane[2], record)
+                old = pane[2]
+                try:
+                    pane[2] = add(old, record)
+                except Exception as e:
+                    self.record_failed(record, self._function_of(e), e)  # skipped: nothing changed
+                    continue
             else:
-                pane = wins[ps] = [ps, ps + slide, add(create(), record)]
+                old = _CREATED
+                try:
+                    new = add(create(), record)
+                except Exception as e:
+                    if not wins:
+                        del state[key]
+                    self.record_failed(record, self._function_of(e), e)  # skipped: nothing changed
+                    continue
+                pane = wins[ps] = [ps, ps + slide, new]
                 end = ps + slide
                 while end <= ps + size:  # the ends of the windows it is part of
                     if end > fired_upto:
@@ -245,11 +406,22 @@ class WindowOperator(TimedOperator):
                 if self.allowed_lateness:  # purged with the last of them
                     self.timers.register(EVENT, key, ps + size - 1 + self.allowed_lateness)
             if ps + slide <= fired_upto:  # some of its windows fired and are kept: again, updated
-                end = ps + size  # (latest first, as without panes)
-                while end >= ps + slide:
-                    if keep_after < end <= fired_upto:
-                        out.extend(self._emit_panes(key, wins, end))
-                    end -= slide
+                n = len(out)
+                try:
+                    end = ps + size  # (latest first, as without panes)
+                    while end >= ps + slide:
+                        if keep_after < end <= fired_upto:
+                            out.extend(self._emit_panes(key, wins, end))
+                        end -= slide
+                except Exception as e:  # nothing of this record stays: its output, its pane's change
+                    del out[n:]
+                    if old is _CREATED:
+                        del wins[ps]  # (its timers stay: fire() finds no pane, or the same timers)
+                        if not wins:
+                            del state[key]
+                    else:
+                        pane[2] = old
+                    self.record_failed(record, self._function_of(e), e)
         return out
 
     def _emit_panes(self, key: Any, wins: dict[Any, list[Any]], end: Any) -> list[Any]:
@@ -280,16 +452,25 @@ class WindowOperator(TimedOperator):
             start, end = min(start, w[0]), max(end, w[1])
         if self._is_late(end):
             return False
+        # The merged session's accumulator (and its output if it fired already) before any
+        # session is changed: a function that raises leaves the key's sessions as they were.
         acc: Any = None
+        try:
+            for w in touching:
+                acc = w[2] if acc is None else self._merged(acc, w[2])
+            new = self._updated(acc, record, acc is None)
+            again = self._emit(key, [start, end, self._with(acc, new, record)]) if end - 1 <= self.watermark else None
+        except Exception as e:
+            self.record_failed(record, self._function_of(e), e)
+            return True  # skipped, not late
         for w in touching:
-            acc = w[2] if acc is None else self._merged(acc, w[2])
             self._drop_session(key, wins, w)
-        merged = wins[start] = [start, end, self._add(acc, record, acc is None)]
+        merged = wins[start] = [start, end, self._committed(acc, new, record)]
         self._index_session(key, merged)
         # The old windows' timers stay: a timer finds what is due when it fires (lazily).
         self._timers_for(key, end, self.watermark + 1)
-        if end - 1 <= self.watermark:
-            out.extend(self._emit(key, merged))
+        if again:
+            out.extend(again)
         return True
 
     def _index_session(self, key: Any, w: list[Any]) -> None:
@@ -325,11 +506,18 @@ class WindowOperator(TimedOperator):
     # -- firing -----------------------------------------------------------------------------
 
     def _emit(self, key: Any, w: list[Any]) -> list[Any]:
+        """What window ``w`` of ``key`` emits (its functions may raise: the caller names
+        the record, or the window)."""
         start, end, acc = w
         if self.kind == PROCESS:
             got = self.fn(key, start, end, list(acc))
             return list(got) if got else []
         return [(key, start, end, self.result(acc) if self.result is not None else acc)]
+
+    def _fire_failed(self, key: Any, start: Any, end: Any, e: Exception) -> None:
+        """Window [start, end) of ``key`` raised ``e`` as it fired: the window ``(key, start,
+        end)`` is the record (skipped: it emits nothing, and is purged as it would be)."""
+        self.record_failed((key, start, end), self._function_of(e), e)
 
     def fire(self, key: Any, timestamp: float, domain: int) -> list[Any]:
         """The key's window whose last timestamp is ``timestamp`` fires; the one whose
@@ -345,19 +533,29 @@ class WindowOperator(TimedOperator):
             _, fire_at, purge_at = self.sessions_of[key]
             start = fire_at.get(timestamp)
             if start is not None:
-                out.extend(self._emit(key, wins[start]))
+                session = wins[start]
+                try:
+                    out.extend(self._emit(key, session))
+                except Exception as e:
+                    self._fire_failed(key, session[0], session[1], e)
             start = purge_at.get(timestamp)
             if start is not None:
                 self._drop_session(key, wins, wins[start])
         elif self.panes:
-            out.extend(self._emit_panes(key, wins, timestamp + 1))
             size = self.windows.size  # type: ignore[union-attr]
+            try:
+                out.extend(self._emit_panes(key, wins, timestamp + 1))
+            except Exception as e:
+                self._fire_failed(key, timestamp + 1 - size, timestamp + 1, e)
             wins.pop(timestamp + 1 - self.allowed_lateness - size, None)  # its last window is purged
         else:
             size = self.windows.size  # type: ignore[union-attr]
             w = wins.get(timestamp + 1 - size)
             if w is not None:
-                out.extend(self._emit(key, w))
+                try:
+                    out.extend(self._emit(key, w))
+                except Exception as e:
+                    self._fire_failed(key, w[0], w[1], e)
                 if not self.allowed_lateness:
                     del wins[w[0]]
             if self.allowed_lateness:

@@ -2,12 +2,20 @@
 
 A hash edge sends each record to the consumer subtask that owns its key's key group
 (keygroups.py), never by Python's hash(): the same placement in every process, machine and
-interpreter, and the one a rescale re-splits state by."""
+interpreter, and the one a rescale re-splits state by.
+
+A key function that raises on a record (or makes a key that cannot be placed) is blamed on
+``key_by`` (``key_by(fn) of 'consumer'``) and goes through the operators' one rule
+(operators/base.py, ``Guarded``) with ``key_by``'s ``on_error``: "fail" names the record
+(an unplaceable key fails at once: retrying cannot help), "skip" sends the record nowhere
+and notes it in ``skipped``, which the task reports as operators' skipped records are."""
 
 from __future__ import annotations
 
 import struct
 from typing import Any, Callable
+
+from operators.base import Guarded, KeyFunction, RecordError, function_label
 
 from .. import codec, keygroups
 from ..errors import KeyTypeError, SerializationError
@@ -33,19 +41,49 @@ class OperatorFailure(Exception):
         return self.record is not _NO_RECORD
 
 
+def operator_failure(operator: str, error: BaseException, fatal: bool = False) -> OperatorFailure:
+    """The one conversion of what code of ``operator`` raised into the task's failure
+    (every call of operator, source and key-function code goes through it).
+
+    A RecordError names its record (the driver digests it: the same record failing again
+    after a restart fails the job at once) and is the failure's cause, so the error line
+    names the function and the user's exception; the user's exception's ``fatal`` counts.
+    An OSError on a record is the cause itself: the worker never takes an I/O error for a
+    poison record (it may pass on a retry). Anything else fails the task without a record."""
+    if isinstance(error, RecordError):
+        cause = error.__cause__
+        failure = OperatorFailure(operator, fatal or bool(getattr(cause, "fatal", False)), record=error.record)
+        failure.__cause__ = cause if isinstance(cause, OSError) else error
+    else:
+        failure = OperatorFailure(operator, fatal)
+        failure.__cause__ = error
+    return failure
+
+
 ROUTE_CACHE = 1 << 20  #: distinct keys whose channel an Output remembers
 
 
-class Output:
-    """One out-edge: partitions a batch over its channels and sends one frame per channel."""
+class Output(Guarded):
+    """One out-edge: partitions a batch over its channels and sends one frame per channel.
+    ``key_fn`` may be a ``KeyFunction`` (``key_by(key, on_error="skip")``): its ``on_error``
+    applies to the records whose key fails (see the module docstring)."""
 
-    def __init__(self, spec: OutputSpec, channels: list[OutputChannel], key_fn: Callable[[Any], Any] | None,
+    def __init__(self, spec: OutputSpec, channels: list[OutputChannel],
+                 key_fn: Callable[[Any], Any] | KeyFunction | None,
                  producer: str, max_parallelism: int = keygroups.DEFAULT_MAX_PARALLELISM):
         self.channels = channels
         self.partition = spec.partition
-        self.key_fn = key_fn
         self.producer = producer
         self.consumer = spec.key_operator
+        if isinstance(key_fn, KeyFunction):
+            self.on_error, name, key_fn = key_fn.on_error, key_fn.name, key_fn.fn
+        else:
+            name = getattr(key_fn, "__name__", type(key_fn).__name__) if key_fn is not None else "record"
+        self.key_fn = key_fn
+        #: What a key failure names as the operator, and as the function.
+        self.label = f"key_by({name}) of {self.consumer!r}"
+        self.function = function_label("key", key_fn) if key_fn is not None else "key (the record itself)"
+        self.skipped: list[tuple[Any, BaseException]] = []
         self.side = spec.side
         self.rr = 0
         self.max_parallelism = max_parallelism
@@ -84,36 +122,49 @@ class Output:
         ch.records += len(batch)
         ch.send(frame)
 
-    def _key_failure(self, batch: list[Any], e: Exception) -> OperatorFailure:
-        """Which record made the key function (or hashing its key) fail: blame key_by."""
+    def _route_each(self, batch: list[Any], first: Exception) -> list[list[Any]]:
+        """The slow path, after the key function (or placing a key) raised on ``batch``:
+        the batch partitioned record by record, each record whose key fails through
+        ``_key_failed`` (skip: it goes to no channel). Order within a channel is the
+        batch's, as on the fast path."""
+        parts: list[list[Any]] = [[] for _ in self.channels]
         fn = self.key_fn
-        label = f"key_by({getattr(fn, '__name__', type(fn).__name__) if fn else 'record'}) of {self.consumer!r}"
+        failed = False
         for r in batch:
             try:
                 key = fn(r) if fn is not None else r
-                hash(key)
-                keygroups.key_group(key, self.max_parallelism)
-            except KeyTypeError as kte:  # deterministic: retrying cannot help
-                failure = OperatorFailure(label, fatal=True, record=r)
-                failure.__cause__ = kte
-                return failure
-            except TypeError as te:
-                if "unhashable" in str(te):  # deterministic: retrying cannot help
-                    err = TypeError(f"the key {type(fn(r) if fn else r).__name__} is unhashable ({te}); "
-                                    "key_by needs a hashable key: return a tuple or a str instead of a list or dict")
-                    failure = OperatorFailure(label, fatal=True, record=r)
-                    failure.__cause__ = err
-                    return failure
-                failure = OperatorFailure(label, record=r)
-                failure.__cause__ = te
-                return failure
-            except Exception as ke:
-                failure = OperatorFailure(label, record=r)
-                failure.__cause__ = ke
-                return failure
-        failure = OperatorFailure(label)
-        failure.__cause__ = e
-        return failure
+            except Exception as e:
+                failed = True
+                self._key_failed(r, e)
+                continue
+            try:
+                c = self.route.get(key)
+                if c is None:
+                    c = self._channel_of(key)
+            except KeyTypeError as e:  # deterministic: retrying cannot help
+                failed = True
+                self._key_failed(r, e, fatal=True)
+                continue
+            except TypeError as e:
+                failed = True
+                if "unhashable" not in str(e):
+                    self._key_failed(r, e)
+                    continue
+                self._key_failed(r, TypeError(  # deterministic: retrying cannot help
+                    f"the key {type(key).__name__} is unhashable ({e}); key_by needs a hashable key: return a tuple "
+                    "or a str instead of a list or dict"), fatal=True)
+                continue
+            parts[c].append(r)
+        if not failed and self.on_error == "fail":
+            raise operator_failure(self.label, first)  # no single record fails again: not reproducible
+        return parts
+
+    def _key_failed(self, record: Any, e: Exception, fatal: bool = False) -> None:
+        """``record``'s key failed with ``e``: skipped (noted), or the task fails blaming key_by."""
+        try:
+            self.record_failed(record, self.function, e)
+        except RecordError as failure:
+            raise operator_failure(self.label, failure, fatal)  # noqa: B904 - its cause is the key's error
 
     def emit(self, batch: list[Any]) -> None:
         chans = self.channels
@@ -125,6 +176,7 @@ class Output:
             appends = [p.append for p in parts]
             key_fn = self.key_fn
             get, slow = self.route.get, self._channel_of
+            first = None
             try:
                 if key_fn is None:
                     for r in batch:
@@ -136,7 +188,9 @@ class Output:
                         c = get(k)
                         appends[slow(k) if c is None else c](r)
             except Exception as e:
-                raise self._key_failure(batch, e)  # noqa: B904 - its cause is the key function's error
+                first = e
+            if first is not None:  # starts over: what the fast path placed is dropped
+                parts = self._route_each(batch, first)
             for ch, part in zip(chans, parts):
                 if part:
                     self._send(ch, part)

@@ -26,9 +26,9 @@ from __future__ import annotations
 import selectors
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable, TypeVar
 
-from operators.base import Operator, RecordError, Source
+from operators.base import Operator, Source
 from operators.eventtime import EventTimeSource
 
 from .. import codec, messages
@@ -41,7 +41,7 @@ from .alignment import BarrierAligner, CollectingBarriers, Outcome
 from .channel_state import ChannelStateLog, Session
 from .channel import RECV_SIZE, InputChannel
 from .control import ControlLink
-from .output import OperatorFailure, Output
+from .output import OperatorFailure, Output, operator_failure
 from .watchdog import Activity
 from .watermarks import MAX_WATERMARK, MIN_WATERMARK, Change, Step, WatermarkValve
 from .writer import SnapshotWriter
@@ -69,6 +69,7 @@ def _unregister(sel: selectors.BaseSelector, ch: InputChannel) -> None:
 
 
 REPR_MAX = 200
+R = TypeVar("R")  #: what a call of operator code returns (``Task._call``)
 
 
 def record_repr(record: Any) -> str:
@@ -158,7 +159,14 @@ class Task:
         self.file_tag = file_tag
         #: Incremental checkpoints: which file a snapshot builds on (runtime/increments.py).
         self.increments = Increments(self._all_operators(), incremental)
-        self.skippers = [(n, op) for n, op in zip(op_names, ops) if getattr(op, "on_error", "fail") == "skip"]
+        #: What may skip records and must have them reported (``_report_skipped``): the
+        #: source, operators and out-edges (key functions) whose on_error is "skip", and
+        #: operators that report records they drop (a window's late records).
+        self.skippers: list[tuple[str, Any]] = [
+            (n, g) for n, g in [*self._all_operators(), *((o.label, o) for o in outputs)]
+            if getattr(g, "reports_skipped", False)]
+        #: An out-edge's key function may skip records: reported as soon as ``_emit`` is done.
+        self.edges_skip = any(getattr(o, "reports_skipped", False) for o in outputs)
         if self.back:
             for out in outputs:
                 for ch in out.channels:
@@ -180,7 +188,26 @@ class Task:
 
     # ---- the chain ------------------------------------------------------------------
 
+    def _call(self, name: str, fn: Callable[..., R], *args: Any) -> R:
+        """``fn(*args)``, code of operator (or source) ``name``: the one way the task calls
+        operator code outside the batch loop of ``_process`` (which converts the same way).
+        The watchdog sees ``name`` while it runs; what it raises becomes the task's failure
+        through ``operator_failure`` (a RecordError names its record: the driver's
+        poison-record rule); FencedOut, and the failure of a nested call, pass through."""
+        activity = self.activity
+        activity.enter(name)
+        try:
+            return fn(*args)
+        except (OperatorFailure, FencedOut):
+            raise
+        except Exception as e:
+            raise operator_failure(name, e)  # noqa: B904 - its cause is set: the user's error
+        finally:
+            activity.leave()
+
     def _process(self, batch: list[Any], start: int = 0) -> list[Any]:
+        # One try around the chain, not a _call per operator: the batch loop stays as cheap
+        # as a function call per operator and batch.
         i = start
         activity = self.activity
         activity.since = time.monotonic()
@@ -191,12 +218,10 @@ class Task:
                 batch = ops[i].process(batch)
                 if not batch:
                     break
-        except OperatorFailure:
+        except (OperatorFailure, FencedOut):
             raise
-        except RecordError as e:
-            raise OperatorFailure(self.op_names[i], record=e.record) from e.__cause__
         except Exception as e:
-            raise OperatorFailure(self.op_names[i]) from e
+            raise operator_failure(self.op_names[i], e)  # noqa: B904 - its cause is set: the user's error
         finally:
             activity.since = 0.0
         if self.skippers:
@@ -204,12 +229,13 @@ class Task:
         return batch
 
     def _report_skipped(self) -> None:
-        for name, op in self.skippers:
-            if op.skipped:
-                for record, err in op.skipped:
-                    self.control.send(messages.Skipped(self.spec.id, name, record_repr(record),
-                                                       f"{type(err).__name__}: {err}"[:500]))
-                op.skipped.clear()
+        """Every record the source, the operators and the out-edges skipped (or a window
+        dropped as late) since the last call, one Skipped message each. Called after each
+        call that may skip (``_emit`` for an out-edge's)."""
+        for name, g in self.skippers:
+            for record, err in g.take_skipped():
+                self.control.send(messages.Skipped(self.spec.id, name, record_repr(record),
+                                                   f"{type(err).__name__}: {err}"[:500]))
 
     def _emit(self, batch: list[Any]) -> None:
         if batch:
@@ -224,6 +250,8 @@ class Task:
                     out.emit(side)
         if self.timed_ops:
             self._schedule_timers()
+        if self.edges_skip:
+            self._report_skipped()
 
     # ---- event time -------------------------------------------------------------------
 
@@ -239,18 +267,11 @@ class Task:
         if watermark > self.watermark:
             self.watermark = watermark
             for i, op in self.watermark_ops:
-                name = self.op_names[i]
-                self.activity.enter(name)
-                try:
-                    out = op.on_watermark(watermark)
-                except RecordError as e:
-                    raise OperatorFailure(name, record=e.record) from e.__cause__
-                except Exception as e:
-                    raise OperatorFailure(name) from e
-                finally:
-                    self.activity.leave()
+                out = self._call(self.op_names[i], op.on_watermark, watermark)
                 if out:
                     self._emit(self._process(out, i + 1))
+            if self.skippers:
+                self._report_skipped()  # (a window that failed as it fired, skipped, emits nothing)
         self._broadcast_status(watermark)
 
     def _broadcast_status(self, watermark: float | None) -> None:
@@ -282,36 +303,23 @@ class Task:
             return
         self.next_timer = MAX_WATERMARK  # rescheduled below (and by _emit)
         for i, op in self.timed_ops:
-            name = self.op_names[i]
-            self.activity.enter(name)
-            try:
-                out = op.on_processing_time(now)
-            except Exception as e:
-                raise OperatorFailure(name) from e
-            finally:
-                self.activity.leave()
+            out = self._call(self.op_names[i], op.on_processing_time, now)
             if out:
                 self._emit(self._process(out, i + 1))
+        if self.skippers:
+            self._report_skipped()
         self._schedule_timers()
 
     def _finish(self) -> None:
         """End of input: flush final results through the chain, then end of stream."""
         batch: list[Any] = []
-        for i, op in enumerate(self.ops):
-            self.activity.enter(self.op_names[i])
-            try:
-                if batch:
-                    batch = op.process(batch)
-                batch = list(batch) + op.finish()
-            except RecordError as e:
-                raise OperatorFailure(self.op_names[i], record=e.record) from e.__cause__
-            except Exception as e:
-                raise OperatorFailure(self.op_names[i]) from e
-            finally:
-                self.activity.leave()
-        if self.skippers:
-            self._report_skipped()
+        for name, op in zip(self.op_names, self.ops):
+            if batch:
+                batch = self._call(name, op.process, batch)
+            batch = list(batch) + self._call(name, op.finish)
         self._emit(batch)
+        if self.skippers:
+            self._report_skipped()  # after _emit: the out-edges' skips too, before the end
         self._end_outputs()
 
     def _end_outputs(self) -> None:
@@ -357,13 +365,7 @@ class Task:
             del self.first_seen[old]
         states: dict[str, Any] = {}
         for name, op in self._all_operators():
-            self.activity.enter(name)
-            try:
-                states[name] = op.snapshot(checkpoint_id)
-            except Exception as e:
-                raise OperatorFailure(name) from e
-            finally:
-                self.activity.leave()
+            states[name] = self._call(name, op.snapshot, checkpoint_id)
         # Incremental: only the keys changed since the base (built here: O(changes)).
         base, deltas, entries = self.increments.prepare(checkpoint_id, states)
         # The consistent copy: encoded here if small, else by a forked child (copy-on-write).
@@ -526,15 +528,7 @@ class Task:
 
     def _notify_complete(self, checkpoint_id: int) -> None:
         for name, op in self._all_operators():
-            self.activity.enter(name)
-            try:
-                op.notify_checkpoint_complete(checkpoint_id)
-            except FencedOut:
-                raise
-            except Exception as e:
-                raise OperatorFailure(name) from e
-            finally:
-                self.activity.leave()
+            self._call(name, op.notify_checkpoint_complete, checkpoint_id)
 
     def on_control(self, msg: messages.Message) -> None:
         if isinstance(msg, messages.Trigger):
@@ -648,13 +642,8 @@ class Task:
                 self.on_control(msg)
             if self.stop:
                 break
-            self.activity.enter(self.source_name or "source")
-            try:
-                batch = source.read_batch()
-            except Exception as e:
-                raise OperatorFailure(self.source_name or "source") from e
-            finally:
-                self.activity.leave()
+            # A timestamps function's RecordError names its record here (poison records).
+            batch = self._call(self.source_name or "source", source.read_batch)
             if batch is None:
                 if self.event_source is not None:
                     self._advance_watermark(MAX_WATERMARK)  # end of input: every window fires
@@ -663,6 +652,8 @@ class Task:
             if batch:
                 self.records_in += len(batch)
                 self._emit(self._process(batch, 0) if self.ops else batch)
+            if self.skippers:
+                self._report_skipped()  # the source's skips (a batch it emptied), the out-edges'
             if self.event_source is not None:
                 self._source_status(bool(batch))
             if self.timed_ops:

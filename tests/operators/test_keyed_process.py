@@ -10,7 +10,7 @@ from abs_engine.checkpoint.incremental import apply
 from abs_engine.keygroups import key_group, key_group_range
 from abs_engine.runtime.increments import Increments
 from operators import KeyedProcess
-from operators.base import OperatorContext
+from operators.base import OperatorContext, RecordError
 
 
 class Mean(KeyedProcess):
@@ -54,8 +54,10 @@ def test_map_state_and_an_init_without_super():
     assert op.snapshot(1) == {"k": {1: 2, 2: 1}, "j": {1: 1}}
     op.state["x"] = 5
     op.key_fn = lambda r: "x"
-    with pytest.raises(TypeError, match="not a map"):
+    with pytest.raises(RecordError) as info:  # names the record; the cause is the TypeError
         op.process([("x", 1)])
+    assert info.value.record == ("x", 1) and "not a map" in str(info.value.__cause__)
+    assert isinstance(info.value.__cause__, TypeError)
 
 
 def test_restore_and_rescale_by_key_group():
