@@ -24,6 +24,8 @@ from operators.windows import (AGGREGATE, PROCESS, REDUCE, SessionWindows, Slidi
 from operators.keyed import Count, CountFinal, Reduce, ReduceFinal
 
 from .errors import GraphError, GraphErrorReason
+from .names import check_name
+from .outputs import conflicting
 from .keygroups import UPPER_BOUND
 from .graph import Edge, LogicalGraph, Node, NodeKind, Partition
 
@@ -66,11 +68,13 @@ class Dataflow:
                 or not 1 <= max_parallelism <= UPPER_BOUND):
             raise GraphError(GraphErrorReason.BAD_PARALLELISM,
                              f"max_parallelism must be an int between 1 and {UPPER_BOUND}, got {max_parallelism!r}")
-        self.graph = LogicalGraph(name=name, default_parallelism=parallelism, max_parallelism=max_parallelism)
+        self.graph = LogicalGraph(name=check_name(name, "dataflow"), default_parallelism=parallelism,
+                                  max_parallelism=max_parallelism)
         self._counters: dict[str, int] = {}
 
     def _name(self, wanted: str | None, base: str) -> str:
         if wanted is not None:
+            check_name(wanted, "operator")
             if wanted in self.graph.nodes:
                 raise GraphError(
                     GraphErrorReason.DUPLICATE_NAME,
@@ -304,6 +308,18 @@ class Stream(Generic[T]):
             raise GraphError(
                 GraphErrorReason.BAD_ARGUMENT, f"Stream.sink() takes an operators.Sink, got {type(sink).__name__}"
             )
+        existing = {n.name: n.template.outputs() for n in self.flow.graph.nodes.values()
+                    if n.kind is NodeKind.SINK and isinstance(n.template, Sink)}
+        clash = conflicting(sink.outputs(), existing)
+        if clash is not None:
+            other, theirs, ours = clash
+            shown = f"{ours!r}" if theirs == ours else f"{ours!r} (their output {theirs!r})"
+            this = f"the new {type(sink).__name__}" if name is None else f"sink {name!r}"
+            raise GraphError(GraphErrorReason.SHARED_OUTPUT,
+                             f"{this} would write {shown}, which sink {other!r} "
+                             "already writes: two sinks on one output would truncate or roll back each other's "
+                             "records; give each sink its own file or directory (or union the streams into one "
+                             "sink)", other)
         self._then(sink, "sink", type(sink).__name__, name, parallelism, kind=NodeKind.SINK)
 
 

@@ -25,6 +25,9 @@ class GraphErrorReason(enum.Enum):
     NO_SINK = "no_sink"
     FOREIGN_STREAM = "foreign_stream"
     BAD_ARGUMENT = "bad_argument"
+    BAD_NAME = "bad_name"  #: a dataflow or operator name outside the safe character set (names.py)
+    SHARED_OUTPUT = "shared_output"  #: two sinks write the same file, directory or URI (outputs.py)
+    UNSHIPPABLE = "unshippable"  #: a user function or operator cannot be sent to the workers (codeship.py)
 
 
 class GraphError(AbsEngineError):
@@ -50,6 +53,9 @@ class CheckpointErrorReason(enum.Enum):
     UNSAFE_PATH = "unsafe_path"  #: a name or file that escapes or is not a plain regular file
     TOO_LARGE = "too_large"  #: a file larger than its recorded (or the maximum) size
     UNREACHABLE = "unreachable"  #: the storage (an object store, HDFS) cannot be reached or refused
+    #: the checkpoint directory cannot be used: a file, /, a home directory, read-only, another
+    #: user's, writable by others, or holding files abs-engine did not write (checkpoint/directory.py)
+    BAD_DIRECTORY = "bad_directory"
 
 
 class CheckpointError(AbsEngineError):
@@ -83,6 +89,16 @@ class SerializationError(AbsEngineError):
         )
         self.what = what
         self.operator = operator
+
+
+class ConfigError(AbsEngineError, ValueError):
+    """A ``run()`` option (JobConfig) has a value the engine cannot work with; ``option``
+    names it and the message says what is accepted. A ValueError too, so that code written
+    against the plain ValueError the options raised before still catches it."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
 
 
 class InputError(AbsEngineError):

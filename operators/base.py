@@ -319,3 +319,10 @@ class Sink(Operator):
 
     def check(self) -> None:
         """Called in the driver before the job starts: raise InputError for an unusable output."""
+
+    def outputs(self) -> list[str]:
+        """The files, directories or URIs this sink writes (as given): two sinks of one
+        dataflow whose outputs resolve to the same place, or one inside the other, are
+        refused when the second is added (each would truncate or roll back the other's
+        output). Default: none (a sink that writes nowhere shared)."""
+        return []

@@ -19,6 +19,13 @@ class SourceChangedError(InputError):
     fatal = True
 
 
+class OutputChangedError(InputError):
+    """The output file is shorter than what a checkpoint says was committed to it: changed
+    or removed outside the job (retrying cannot help)."""
+
+    fatal = True
+
+
 def file_fingerprint(f: Any) -> list[Any]:
     """[size, mtime_ns, sha256 of the first and last 64 KiB] of an open binary file."""
     st = os.fstat(f.fileno())
@@ -244,6 +251,9 @@ class FileSink(Sink):
         if not os.path.isdir(parent):
             raise InputError(f"cannot write output {self.path!r}: directory {parent!r} does not exist")
 
+    def outputs(self) -> list[str]:
+        return [self.path]
+
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
         if not (self.directory or (self.directory is None and ctx.parallelism > 1)):
@@ -283,7 +293,7 @@ class FileSink(Sink):
         with self.ctx.guard():  # fenced: a stale attempt must not race this truncate
             size = os.path.getsize(self.out_path) if os.path.exists(self.out_path) else -1
             if size < self.published:
-                raise InputError(
+                raise OutputChangedError(
                     f"output {self.out_path!r} is shorter ({size} bytes) than the {self.published} bytes "
                     "the checkpoint says were committed: it was changed outside the job; "
                     "restore it or start the job afresh"

@@ -44,6 +44,9 @@ class ParquetSink(Sink):
         if not os.path.isdir(parent):
             raise InputError(f"cannot write Parquet output {self.path!r}: directory {parent!r} does not exist")
 
+    def outputs(self) -> list[str]:
+        return [self.path]
+
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
         self.out = fs.open_dir(self.path)

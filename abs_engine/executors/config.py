@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..checkpoint import spill
+from ..errors import ConfigError
 from ..monitor.model import CheckpointStat, CheckpointStatus, RecoveryEvent, SubtaskStat
 from ..runtime.channel import DEFAULT_BUFFER
 
 MODES = ("aligned", "unaligned", "none", "stop-the-world")
 EXECUTORS = ("local", "spark")
+RESUME = (False, True, "if-present")
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+#: Bytes of back-edge input a task holds in memory before it spills the rest to disk.
+DEFAULT_LOOP_MEMORY = 64 << 20
+#: Bytes of back-edge input a task may spill to disk before the job fails (a loop that
+#: makes records faster than it consumes them would otherwise fill the disk).
+DEFAULT_LOOP_DISK = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -49,8 +59,11 @@ class JobConfig:
         S3 endpoint and region may go in the query: ``?endpoint_override=host:port&scheme=http``,
         credentials in the environment). A temporary directory (deleted after success) if None.
     ``resume``
-        continue from the newest valid checkpoint already in ``checkpoint_dir``; without it
-        a directory that holds checkpoints is refused (it belongs to another run).
+        True: continue from the newest valid checkpoint already in ``checkpoint_dir`` (a
+        directory without one is an error: CheckpointError(NOT_FOUND), so a mistyped path
+        never quietly starts from scratch); "if-present": continue from it if there is
+        one, else start afresh (for a job script that is re-run after a crash); False (the
+        default): a directory that holds checkpoints is refused (it belongs to another run).
     ``restart_attempts``, ``restart_delay``
         fixed-delay restart strategy; a job that fails more than
         ``restart_attempts`` times fails with the last error.
@@ -143,8 +156,23 @@ class JobConfig:
         restarts; a JSON API under ``/api/`` and Prometheus metrics at ``/metrics``
         (monitor/dashboard.py). None (default): no server.
     ``dashboard_host``
-        the address the dashboard binds to (default 127.0.0.1: this machine only; it has no
-        authentication, so bind it elsewhere only on a network you trust).
+        the address the dashboard binds to (default 127.0.0.1: this machine only).
+    ``dashboard_token``
+        the token every request to the dashboard must carry (a ``?token=`` link, the cookie
+        that link sets, or ``Authorization: Bearer``); None (default): a random one, in the
+        address printed at start (``JobResult.dashboard_url``).
+    ``loop_memory``
+        bytes of back-edge input (records coming round a loop) a task holds in memory;
+        past that it spills them to a private temporary file and reads them back in order,
+        so a loop stays deadlock-free without growing in memory (default 64 MiB; None: no
+        bound).
+    ``loop_disk``
+        bytes of back-edge input a task may spill (default 4 GiB; None: no bound); a loop
+        that needs more fails the job with a LoopOverflow error naming the loop and the
+        sizes (a loop that makes records faster than it consumes them).
+    ``loop_spill_dir``
+        where back-edge input spills (default: the system's temporary directory; the file
+        is unlinked at once and private to the worker).
     """
 
     mode: str = "aligned"
@@ -157,7 +185,7 @@ class JobConfig:
     retained_checkpoints: int = 3
     restart_attempts: int = 10
     restart_delay: float = 0.2
-    resume: bool = False
+    resume: bool | str = False
     progress: bool = False
     chaos: Any = None
     stop_when: Callable[["JobResult"], bool] | None = None
@@ -178,61 +206,100 @@ class JobConfig:
     channel_buffer: int | None = DEFAULT_BUFFER
     dashboard: int | None = None
     dashboard_host: str = "127.0.0.1"
+    dashboard_token: str | None = None
+    loop_memory: int | None = DEFAULT_LOOP_MEMORY
+    loop_disk: int | None = DEFAULT_LOOP_DISK
+    loop_spill_dir: str | None = None
 
     def __post_init__(self) -> None:
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.mode != "none" and (isinstance(self.checkpoint_interval, bool)
-                                    or not isinstance(self.checkpoint_interval, (int, float))
-                                    or not self.checkpoint_interval > 0):
-            raise ValueError(f"checkpoint_interval must be > 0 seconds, got {self.checkpoint_interval!r}"
-                             + (" (to run without checkpoints, pass mode='none')"
-                                if self.checkpoint_interval is None else ""))
-        if self.restart_attempts < 0 or self.restart_delay < 0:
-            raise ValueError("restart_attempts and restart_delay must be >= 0")
-        if self.aligned_timeout is not None:
-            if self.mode != "aligned":
-                raise ValueError(f"aligned_timeout applies to mode='aligned' (got mode={self.mode!r}): it turns an "
-                                 "aligned checkpoint unaligned when its alignment takes longer")
-            if not self.aligned_timeout >= 0:
-                raise ValueError(f"aligned_timeout must be >= 0 seconds, got {self.aligned_timeout!r}")
-        if self.channel_state_memory is not None and (
-                isinstance(self.channel_state_memory, bool) or not isinstance(self.channel_state_memory, int)
-                or self.channel_state_memory < 0):
-            raise ValueError(f"channel_state_memory must be a number of bytes >= 0 or None, got "
-                             f"{self.channel_state_memory!r}")
-        if self.channel_buffer is not None and (
-                isinstance(self.channel_buffer, bool) or not isinstance(self.channel_buffer, int)
-                or self.channel_buffer < 4096):
-            raise ValueError(f"channel_buffer must be a number of bytes >= 4096 or None (the kernel's), got "
-                             f"{self.channel_buffer!r}")
-        if self.mode == "unaligned" and self.max_concurrent_checkpoints != 1:
-            raise ValueError("mode='unaligned' takes one checkpoint at a time (max_concurrent_checkpoints=1), as "
-                             "Flink does: each one persists the data in flight")
-        if self.dashboard is not None and (isinstance(self.dashboard, bool) or not isinstance(self.dashboard, int)
-                                           or not 0 <= self.dashboard <= 65535):
-            raise ValueError(f"dashboard must be a TCP port (0-65535; 0: any free one) or None, got {self.dashboard!r}")
-        if self.retained_checkpoints < 1:
-            raise ValueError("retained_checkpoints must be >= 1")
-        if self.task_timeout < 0 or not self.heartbeat_interval > 0 or not self.startup_timeout > 0:
-            raise ValueError("task_timeout must be >= 0; heartbeat_interval and startup_timeout must be > 0")
-        if self.task_timeout and self.task_timeout < 2 * self.heartbeat_interval:
-            raise ValueError(f"task_timeout ({self.task_timeout}s) must be at least twice heartbeat_interval "
-                             f"({self.heartbeat_interval}s), or 0 to disable it")
-        if self.tolerable_failed_checkpoints is not None and self.tolerable_failed_checkpoints < 0:
-            raise ValueError("tolerable_failed_checkpoints must be >= 0 or None")
-        if self.snapshot_encoding not in ("auto", "fork", "inline"):
-            raise ValueError(f"snapshot_encoding must be 'auto', 'fork' or 'inline', got {self.snapshot_encoding!r}")
-        if not isinstance(self.tls, bool):
-            raise ValueError(f"tls must be True or False, got {self.tls!r}")
-        if self.tls:
-            try:
-                import cryptography  # noqa: F401 - the driver makes each attempt's certificate with it
-            except ImportError:
-                raise ValueError("tls=True needs the 'cryptography' package on the driver "
-                                 "(pip install 'cryptography>=41')") from None
+        _check_config(self)
+
+
+def _seconds(option: str, value: Any, *, zero: bool = False, none: bool = False, extra: str = "") -> None:
+    """``value`` is a finite number of seconds, > 0 (>= 0 with ``zero``; or None with ``none``)."""
+    if value is None and none:
+        return
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not (value >= 0 if zero else value > 0)):
+        bound = ">= 0" if zero else "> 0"
+        raise ConfigError(option, f"{option} must be a finite number of seconds {bound}"
+                                  f"{' or None' if none else ''}, got {value!r}{extra}")
+
+
+def _count(option: str, value: Any, least: int, *, none: bool = False, what: str = "an int") -> None:
+    if value is None and none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(option, f"{option} must be {what} >= {least}{' or None' if none else ''}, got {value!r}")
+
+
+def _check_config(c: "JobConfig") -> None:
+    """Every option's type and range, at once (run() calls this before anything starts):
+    a ConfigError naming the option and what it accepts."""
+    if c.executor not in EXECUTORS:
+        raise ConfigError("executor", f"executor must be one of {EXECUTORS}, got {c.executor!r}")
+    if c.mode not in MODES:
+        raise ConfigError("mode", f"mode must be one of {MODES}, got {c.mode!r}")
+    if c.mode != "none":
+        _seconds("checkpoint_interval", c.checkpoint_interval,
+                 extra=" (to run without checkpoints, pass mode='none')" if c.checkpoint_interval is None else "")
+    _seconds("checkpoint_timeout", c.checkpoint_timeout)
+    _seconds("restart_delay", c.restart_delay, zero=True)
+    _seconds("startup_timeout", c.startup_timeout)
+    _seconds("heartbeat_interval", c.heartbeat_interval)
+    _seconds("task_timeout", c.task_timeout, zero=True, extra=" (0 disables it)")
+    _count("restart_attempts", c.restart_attempts, 0)
+    _count("max_concurrent_checkpoints", c.max_concurrent_checkpoints, 1)
+    _count("retained_checkpoints", c.retained_checkpoints, 1)
+    _count("tolerable_failed_checkpoints", c.tolerable_failed_checkpoints, 0, none=True)
+    if c.resume not in RESUME:
+        raise ConfigError("resume", f"resume must be True, False or 'if-present', got {c.resume!r}")
+    if c.aligned_timeout is not None:
+        if c.mode != "aligned":
+            raise ConfigError("aligned_timeout", f"aligned_timeout applies to mode='aligned' (got mode={c.mode!r}): "
+                                                 "it turns an aligned checkpoint unaligned when its alignment takes "
+                                                 "longer")
+        _seconds("aligned_timeout", c.aligned_timeout, zero=True)
+    _count("channel_state_memory", c.channel_state_memory, 0, none=True, what="a number of bytes")
+    if c.channel_buffer is not None and (isinstance(c.channel_buffer, bool) or not isinstance(c.channel_buffer, int)
+                                         or c.channel_buffer < 4096):
+        raise ConfigError("channel_buffer", f"channel_buffer must be a number of bytes >= 4096 or None (the "
+                                            f"kernel's), got {c.channel_buffer!r}")
+    _count("loop_memory", c.loop_memory, 1 << 20, none=True, what="a number of bytes")
+    _count("loop_disk", c.loop_disk, 0, none=True, what="a number of bytes")
+    if c.mode == "unaligned" and c.max_concurrent_checkpoints != 1:
+        raise ConfigError("max_concurrent_checkpoints", "mode='unaligned' takes one checkpoint at a time "
+                                                        "(max_concurrent_checkpoints=1), as Flink does: each one "
+                                                        "persists the data in flight")
+    if c.dashboard is not None and (isinstance(c.dashboard, bool) or not isinstance(c.dashboard, int)
+                                    or not 0 <= c.dashboard <= 65535):
+        raise ConfigError("dashboard", f"dashboard must be a TCP port (0-65535; 0: any free one) or None, got "
+                                       f"{c.dashboard!r}")
+    if c.dashboard_token is not None and (not isinstance(c.dashboard_token, str) or len(c.dashboard_token) < 16
+                                          or not TOKEN_RE.match(c.dashboard_token)):
+        raise ConfigError("dashboard_token", "dashboard_token must be at least 16 URL-safe characters "
+                                             "(letters, digits, '-', '_'), or None for a random one")
+    if c.task_timeout and c.task_timeout < 2 * c.heartbeat_interval:
+        raise ConfigError("task_timeout", f"task_timeout ({c.task_timeout}s) must be at least twice "
+                                          f"heartbeat_interval ({c.heartbeat_interval}s), or 0 to disable it")
+    if c.snapshot_encoding not in ("auto", "fork", "inline"):
+        raise ConfigError("snapshot_encoding", f"snapshot_encoding must be 'auto', 'fork' or 'inline', got "
+                                               f"{c.snapshot_encoding!r}")
+    for flag in ("tls", "progress", "incremental_checkpoints", "allow_non_restored_state",
+                 "stop_with_savepoint_on_signal"):
+        if not isinstance(getattr(c, flag), bool):
+            raise ConfigError(flag, f"{flag} must be True or False, got {getattr(c, flag)!r}")
+    for where in ("checkpoint_dir", "restore_from", "savepoint_dir", "loop_spill_dir"):
+        value = getattr(c, where)
+        if value is not None and (not isinstance(value, str) or not value or "\x00" in value):
+            raise ConfigError(where, f"{where} must be a non-empty path or URI (str) without NUL, or None, got "
+                                     f"{value!r}")
+    if c.tls:
+        try:
+            import cryptography  # noqa: F401 - the driver makes each attempt's certificate with it
+        except ImportError:
+            raise ConfigError("tls", "tls=True needs the 'cryptography' package on the driver "
+                                     "(pip install 'cryptography>=41')") from None
 
 
 #: JobResult keeps the statistics of this many most recent checkpoints (a long job takes

@@ -42,14 +42,15 @@ from ..tls import Material
 from ..wire import Wire
 from ..checkpoint import fence
 from ..checkpoint.coordinator import CheckpointCoordinator
+from ..checkpoint.directory import prepare as prepare_directory
 from ..checkpoint.pending import AckOutcome
 from ..checkpoint.lock import DirectoryLock
 from ..checkpoint.remote import RemoteStorage, control_dir, open_storage
 from ..checkpoint.rescale import restore_specs
 from ..checkpoint.savepoint import load_savepoint, write_savepoint
 from ..checkpoint.storage import CheckpointStorage, Metadata
-from ..errors import (AbsEngineError, CheckpointError, CheckpointErrorReason, JobFailed, JobInterrupted, ProtocolError,
-                      ProtocolErrorReason)
+from ..errors import (AbsEngineError, CheckpointError, CheckpointErrorReason, ConfigError, JobFailed, JobInterrupted,
+                      ProtocolError, ProtocolErrorReason)
 from ..graph import LogicalGraph
 from ..plan import Plan
 from ..monitor.model import CheckpointStatus
@@ -210,12 +211,19 @@ class JobMaster:
         temp = cfg.checkpoint_dir is None
         location = (tempfile.mkdtemp(prefix="abs-engine-ckpt-") if cfg.checkpoint_dir is None
                     else cfg.checkpoint_dir if fs.is_remote(cfg.checkpoint_dir) else fs.local_path(cfg.checkpoint_dir))
+        if not fs.is_remote(location):
+            # A directory of its own, private (0700), on a writable file system: checked before
+            # anything is written (checkpoint/directory.py); with resume=True it must exist.
+            location = prepare_directory(location, must_exist=cfg.resume is True and not temp)
+        spill = cfg.loop_spill_dir
+        if spill is not None and cfg.executor == "local" and self.plan.loops() and not (
+                os.path.isdir(spill) and os.access(spill, os.W_OK | os.X_OK)):
+            raise ConfigError("loop_spill_dir", f"loop_spill_dir {spill!r} is not a directory you can write: "
+                                                "create it, or pass None for the system's temporary directory")
         storage = open_storage(location, cfg.retained_checkpoints)
         self.storage = storage
         if isinstance(storage, RemoteStorage):
             storage.make_root()  # an unreachable store or a missing bucket fails here, at once
-        else:
-            os.makedirs(location, exist_ok=True)
         self.control_dir = control_dir(location)
         self.result.checkpoint_dir = storage.shown
         # Held for the life of the job: a second job, or a second --resume, is refused.
@@ -227,6 +235,12 @@ class JobMaster:
                     CheckpointErrorReason.DIRECTORY_NOT_EMPTY,
                     f"checkpoint directory {storage.shown} already holds checkpoints {storage.completed_ids()} "
                     "of an earlier run: pass resume=True (--resume) to continue from them, or use an empty directory",
+                )
+            if cfg.resume is True and not storage.completed_ids() and cfg.restore_from is None:
+                raise CheckpointError(
+                    CheckpointErrorReason.NOT_FOUND,
+                    f"resume=True, but checkpoint directory {storage.shown} holds no checkpoint to resume from: "
+                    "check the path, or pass resume='if-present' to start afresh when there is none",
                 )
             self.started = time.monotonic()
             if not temp:
