@@ -166,3 +166,34 @@ class KeyTypeError(AbsEngineError, TypeError):
     """A key_by key whose type cannot be placed in a key group (keygroups.py)."""
 
     fatal = True  #: the same key fails the same way on every retry
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+class LoopOverflow(AbsEngineError):
+    """A loop holds more records in flight than ``loop_memory`` plus ``loop_disk`` allow:
+    its operators emit records into it faster than it consumes them (runtime/overflow.py).
+    The message names the back-edge channels, the operator they feed, the sizes and the fix."""
+
+    fatal = True  #: a replay of the same loop overflows the same way
+
+    def __init__(self, task: str, operator: str, channels: tuple[str, ...], in_memory: int, on_disk: int,
+                 memory_limit: int, disk_limit: int):
+        inputs = f"inputs {', '.join(channels)} hold" if len(channels) > 1 else f"input {channels[0]} holds"
+        super().__init__(
+            f"the loop into operator {operator!r} (task {task}) has more records in flight than it may hold: its "
+            f"back-edge {inputs} {_mib(in_memory)} in memory (loop_memory={_mib(memory_limit)}) and "
+            f"{_mib(on_disk)} spilled to disk (loop_disk={_mib(disk_limit)}). The loop makes records faster "
+            "than it consumes them (a record that goes round produces more than one): make it consume faster "
+            "than it produces (emit fewer records per trip, or let records leave the loop), or raise loop_disk "
+            "(or loop_memory) if its backlog is bounded and only larger than that"
+        )
+        self.task = task
+        self.operator = operator
+        self.channels = channels
+        self.in_memory = in_memory
+        self.on_disk = on_disk
+        self.memory_limit = memory_limit
+        self.disk_limit = disk_limit

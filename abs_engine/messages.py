@@ -50,6 +50,11 @@ class Deploy(Message):
     #: Bytes of channel state one checkpoint may hold in memory before it spills (< 0: never).
     channel_state_memory: int = -1
     channel_buffer: int = 0  #: kernel buffer bytes per direction of a data channel (0: the kernel's)
+    #: Bytes of back-edge input a task holds in memory before it spills (< 0: no bound; a
+    #: driver that predates the field sends none, and its workers keep every byte in memory).
+    loop_memory: int = -1
+    loop_disk: int = -1  #: bytes of back-edge input a task may spill before LoopOverflow (< 0: no bound)
+    loop_spill_dir: str = ""  #: where back-edge input spills ("": the system's temporary directory)
 
 
 @dataclass(frozen=True)

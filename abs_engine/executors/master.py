@@ -412,7 +412,10 @@ class JobMaster:
                     aligned_timeout=cfg.aligned_timeout if cfg.aligned_timeout is not None else -1.0,
                     unaligned=cfg.mode == "unaligned",
                     channel_state_memory=-1 if cfg.channel_state_memory is None else cfg.channel_state_memory,
-                    channel_buffer=cfg.channel_buffer or 0))
+                    channel_buffer=cfg.channel_buffer or 0,
+                    loop_memory=-1 if cfg.loop_memory is None else cfg.loop_memory,
+                    loop_disk=-1 if cfg.loop_disk is None else cfg.loop_disk,
+                    loop_spill_dir=cfg.loop_spill_dir or ""))
             self._drive(workers, storage, meta, next_id)
         finally:
             self.launcher.stop({t: w.proc for t, w in workers.items()}, timeout=10.0)

@@ -9,6 +9,9 @@ frame is read; a connection that fails or stalls the handshake is dropped withou
 failing anything, so a stranger on the port can neither inject records nor stall start-up.
 With the job's TLS material (tls.py) every channel is mutual TLS first (wire.py); frames
 are sealed whole before they are sent, so back-pressure works on ciphertext as on plain.
+A back-edge input is read even when its task cannot process it yet (task.py); what its
+reader has no room for waits in its spill (runtime/overflow.py), in order, in memory up to
+its share of ``loop_memory`` and on disk past it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .. import auth, codec
 from ..errors import ProtocolError, ProtocolErrorReason
 from ..tls import Material
 from ..wire import Wire, as_wire
+from .overflow import REFILL, BackEdgeSpill
 
 RECV_SIZE = 1 << 20
 
@@ -95,8 +99,11 @@ class OutputChannel:
             while view:
                 try:
                     view = view[sock.send(view):]
+                    continue
                 except (BlockingIOError, InterruptedError):
-                    self.while_blocked(sock)
+                    pass
+                # Outside the handler: an error of the drain (LoopOverflow) is not "during" it.
+                self.while_blocked(sock)
         finally:
             sock.setblocking(True)
 
@@ -117,7 +124,7 @@ class ChannelClosed(Exception):
 
 class InputChannel:
     __slots__ = ("id", "wire", "sock", "reader", "back_edge", "ended", "records", "ahead", "ahead_stopped",
-                 "ahead_bytes")
+                 "ahead_bytes", "spill")
 
     def __init__(self, channel_id: str, conn: Wire | socket.socket, reader: codec.FrameReader, back_edge: bool):
         self.id = channel_id
@@ -134,12 +141,23 @@ class InputChannel:
         #: The last frame read ahead is one read-ahead must not pass (a barrier no session
         #: waits for yet, or end of stream).
         self.ahead_stopped = False
+        #: A back-edge's queue between socket and reader (runtime/overflow.py; set by the task
+        #: when ``loop_memory`` bounds it): what the reader has no room for waits there, in
+        #: order, in memory up to the channel's share of loop_memory and on disk past it.
+        self.spill: BackEdgeSpill | None = None
 
     def fill_nowait(self, limit: int = 8 * RECV_SIZE) -> None:
-        """Read what the socket has, up to about ``limit`` bytes, without blocking."""
+        """Read what the socket has, up to about ``limit`` bytes, without blocking. With a
+        spill, bytes the reader has no room for (or that come after bytes waiting in the
+        spill) go to the spill instead (LoopOverflow when the task's back-edges have more
+        than ``loop_disk`` on disk)."""
         chunks, closed = self.wire.read_nowait(RECV_SIZE, limit)
+        spill, reader = self.spill, self.reader
         for data in chunks:
-            self.reader.feed(data)
+            if spill is not None and spill.wants(reader.buffered(), len(data)):
+                spill.push(data)
+            else:
+                reader.feed(data)
         if closed:
             raise ChannelClosed(f"input channel {self.id} closed before end of stream (its producer died)",
                                 self.id.split("->")[0])
@@ -152,8 +170,19 @@ class InputChannel:
             if not self.ahead:
                 self.ahead_stopped = False
             return kind, payload, True
-        f = self.reader.next_frame()
+        f = self.read_frame()
         return None if f is None else (f[0], f[1], False)
+
+    def read_frame(self) -> tuple[int, bytes] | None:
+        """The next frame after those read ahead: the reader's, which is refilled from the
+        spill's head when it holds no whole frame (None: the rest is still in the socket).
+        Order: read ahead -> reader -> spill (memory, then disk) -> socket."""
+        f = self.reader.next_frame()
+        spill = self.spill
+        while f is None and spill is not None and spill.waiting:
+            self.reader.feed(spill.pop(REFILL))
+            f = self.reader.next_frame()
+        return f
 
     def push_ahead(self, kind: int, payload: bytes) -> None:
         """A frame read ahead of processing (and logged): processed before the reader's."""
@@ -161,7 +190,7 @@ class InputChannel:
         self.ahead_bytes += len(payload)
 
     def has_frames(self) -> bool:
-        return bool(self.ahead) or self.reader.buffered() > 0
+        return bool(self.ahead) or self.reader.buffered() > 0 or (self.spill is not None and self.spill.waiting > 0)
 
 
 HELLO_MAX = 4096  #: a HELLO frame carries one channel id

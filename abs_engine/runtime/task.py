@@ -15,8 +15,15 @@ Invariants:
   thread -> acknowledgement. While a log waits on an input, that input is read ahead of
   processing up to its barrier, so the checkpoint completes when the bytes in flight have
   arrived, not when they have been processed (the point of unaligned checkpoints).
-- Back-edge inputs are always *read* (bytes buffered without bound), even while the task is
-  blocked sending or a back-edge is held: a loop of bounded channels cannot deadlock.
+- Back-edge inputs are always *read*, even while the task is blocked sending or a back-edge
+  is held: a loop of bounded channels cannot deadlock. What is read and not processed yet
+  is held in memory up to ``loop_memory`` (each back-edge its share, behind a reader of
+  1 MiB), then spills to disk and is read back in order (runtime/overflow.py); past
+  ``loop_disk`` spilled the task fails with LoopOverflow, naming the loop. A frame is
+  processed in batches of at most ``GATHER_MAX`` records, so an operator that emits more
+  than it takes in cannot grow batches (and the frames they become) trip after trip. An
+  input's frames are processed ``TURN`` seconds at a time, then the other inputs and the
+  control connection get a turn: a back-edge that never runs dry starves nothing.
 - A task whose regular inputs have all ended is triggered directly by the coordinator;
   one that has finished (end of stream everywhere) emits nothing more.
 """
@@ -41,6 +48,7 @@ from .alignment import BarrierAligner, CollectingBarriers, Outcome
 from .channel_state import ChannelStateLog, Session
 from .channel import RECV_SIZE, InputChannel
 from .control import ControlLink
+from .overflow import LoopBudget
 from .output import OperatorFailure, Output, operator_failure
 from .watchdog import Activity
 from .watermarks import MAX_WATERMARK, MIN_WATERMARK, Change, Step, WatermarkValve
@@ -59,6 +67,11 @@ BATCH_WORK = 0.01
 #: Responsive, before a batch has been measured: a small first batch (a slow stage's first
 #: batch of GATHER_MAX records could hold up the job's first unaligned checkpoint).
 FIRST_BATCH = 64
+#: Seconds one input's frames are processed before the other inputs, the sockets and the
+#: control connection get a turn. An input that never runs dry (a back-edge whose backlog
+#: is larger than the loop can hold: it spills) would otherwise starve them: no barrier on
+#: a regular input, no trigger, would be read, and no checkpoint would complete.
+TURN = 0.05
 
 
 def _unregister(sel: selectors.BaseSelector, ch: InputChannel) -> None:
@@ -107,6 +120,9 @@ class Task:
         aligned_timeout: float | None = None,
         unaligned: bool = False,
         channel_state_memory: int | None = None,
+        loop_memory: int | None = None,
+        loop_disk: int | None = None,
+        loop_spill_dir: str | None = None,
     ):
         self.spec = spec
         self.op_names = op_names
@@ -128,6 +144,14 @@ class Task:
         self.back = [c for c in inputs.values() if c.back_edge]
         self.backlog = ChannelStateLog((c.id for c in self.back), (c.id for c in inputs.values() if not c.back_edge),
                                        channel_state_memory)
+        #: Back-edge input past ``loop_memory`` spills to disk, up to ``loop_disk`` (None:
+        #: memory without bound, as a loop of bounded channels needs; runtime/overflow.py).
+        self.loop_budget: LoopBudget | None = None
+        if self.back and loop_memory is not None:
+            self.loop_budget = LoopBudget(spec.id, op_names[0] if op_names else spec.chain, (c.id for c in self.back),
+                                          loop_memory, loop_disk, loop_spill_dir, self._back_edge_memory)
+            for c in self.back:
+                c.spill = self.loop_budget.channel(c.id)
         #: Seconds an aligned checkpoint may spend aligning before it turns unaligned (None: never).
         self.aligned_timeout = aligned_timeout
         #: Unaligned checkpoints can happen: look at the control connection between frames.
@@ -329,9 +353,14 @@ class Task:
         self.finished = True
         self.control.send(messages.Finished(self.spec.id, self.records_in, self.records_out))
 
+    def _back_edge_memory(self) -> int:
+        """Bytes of back-edge input held in memory: readers and read-ahead (for LoopOverflow)."""
+        return sum(c.reader.buffered() + c.ahead_bytes for c in self.back)
+
     def _drain_back_edges(self, out_sock: Any) -> None:
         """A send would block: wait until ``out_sock`` is writable, reading the back-edges
-        into their buffers meanwhile (their frames are processed later, in order)."""
+        meanwhile (their frames are processed later, in order): into their readers up to
+        their share of ``loop_memory``, then into their spills (InputChannel.fill_nowait)."""
         sel = selectors.DefaultSelector()
         try:
             sel.register(out_sock, selectors.EVENT_WRITE, None)
@@ -429,7 +458,7 @@ class Task:
                 # only move the backlog from the kernel's buffers into ours, checkpoint after
                 # checkpoint. Reading resumes (_service) as processing frees room.
                 return
-            f = ch.reader.next_frame()
+            f = ch.read_frame()  # the reader's, refilled from the spill: the channel's order
             if f is None:
                 if fetched or ch.ended:
                     return
@@ -700,7 +729,17 @@ class Task:
                     self._spill()
             batch = codec.unpack(payload)
             ch.records += len(batch)
-            self.gathered.extend(batch)
+            # At most GATHER_MAX records a batch, however many the frame holds: a loop whose
+            # operators emit more than they take in would otherwise double its batches and
+            # frames on every trip (measured: one batch of 800k records, 400 MB, in 8 s).
+            # A frame that fits is gathered whole, as before.
+            i, n = 0, len(batch)
+            while len(self.gathered) + n - i > GATHER_MAX:
+                j = i + GATHER_MAX - len(self.gathered)
+                self.gathered.extend(batch[i:j])
+                i = j
+                self._flush()  # empties gathered
+            self.gathered.extend(batch[i:] if i else batch)
             if len(self.gathered) >= self.gather_max:
                 self._flush()
             return
@@ -774,6 +813,7 @@ class Task:
         next_service = time.monotonic() + SERVICE_EVERY
 
         while not self.stop:
+            turn_ends = time.monotonic() + TURN
             while runnable and not self.stop:
                 ch = runnable.popleft()
                 while not ch.ended:
@@ -786,10 +826,16 @@ class Task:
                     if frame is None:
                         break
                     self._on_frame(ch, frame[0], frame[1], sel, blocked, frame[2])
-                    if (self.responsive or backlog.logging) and time.monotonic() >= next_service:
+                    now = time.monotonic()
+                    if (self.responsive or backlog.logging) and now >= next_service:
                         self._flush()
                         self._service()
                         next_service = time.monotonic() + SERVICE_EVERY
+                    if now >= turn_ends:
+                        runnable.append(ch)  # more later, after the others' and the sockets' turn
+                        break
+                if time.monotonic() >= turn_ends:
+                    break
             self._flush()
             if self.stop:
                 break
@@ -802,12 +848,18 @@ class Task:
                 if self.next_timer != MAX_WATERMARK:
                     wait = max(0.0, self.next_timer - time.time())
                     timeout = wait if timeout is None else min(timeout, wait)
+            if runnable:
+                timeout = 0.0  # a turn ended with frames left: only a look at the sockets
             for key, _ in sel.select(timeout):
                 if key.data is None:
                     for msg in control.poll():  # non-blocking, like the channels' reads
                         self.on_control(msg)
                 else:
                     ch = key.data
+                    if ch in runnable:
+                        # Its turn ended with frames left: reading more now would only move
+                        # its backlog from the kernel's buffers into ours (no backpressure).
+                        continue
                     # Not a blocking read: a read-ahead for an earlier event of this batch
                     # (a trigger on the control connection) may have taken these bytes.
                     ch.fill_nowait(RECV_SIZE)

@@ -35,7 +35,7 @@ from typing import Any
 from .. import codec, codeship, messages
 from ..tls import Material
 from ..checkpoint.fence import Fence
-from ..errors import CheckpointError, FencedOut, ProtocolError, RescaleError
+from ..errors import CheckpointError, FencedOut, LoopOverflow, ProtocolError, RescaleError
 from ..plan import Plan
 from .channel import ChannelClosed, OutputChannel, accept_inputs
 from .control import ControlLink, DriverGone
@@ -149,7 +149,10 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     task = Task(spec, names, ops, source, source_name, outputs, inputs, control, writer, deploy.checkpoint_dir,
                 replay, restored_finished, activity, _file_tag(deploy.fence, generation), deploy.snapshot_encoding,
                 deploy.incremental, deploy.aligned_timeout if deploy.aligned_timeout >= 0 else None,
-                deploy.unaligned, deploy.channel_state_memory if deploy.channel_state_memory >= 0 else None)
+                deploy.unaligned, deploy.channel_state_memory if deploy.channel_state_memory >= 0 else None,
+                loop_memory=deploy.loop_memory if deploy.loop_memory >= 0 else None,
+                loop_disk=deploy.loop_disk if deploy.loop_disk >= 0 else None,
+                loop_spill_dir=deploy.loop_spill_dir or None)
     channels = [ch for out in outputs for ch in out.channels]
     watchdog.counters = lambda: (task.records_in, task.records_out,
                                  sum(ch.send_seconds(time.perf_counter()) for ch in channels))
@@ -239,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except LoopNotQuiet as e:
         _report(control, task_id, "<loop>", str(e), True)
+        return 1
+    except LoopOverflow as e:
+        # Fatal: the same loop replayed from a checkpoint overflows the same way. Reported
+        # with the operator the loop feeds; the driver fails the job with this message.
+        _report(control, task_id, e.operator, "".join(traceback.format_exception(e)), True)
         return 1
     except ChannelClosed as e:
         # Collateral damage: the driver attributes the failure to the producer that died.
