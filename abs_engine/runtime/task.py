@@ -281,6 +281,8 @@ class Task:
 
     def _on_watermark_step(self, step: Step) -> None:
         if step.change is Change.IDLE:
+            if step.watermark > self.watermark:
+                self._advance_watermark(step.watermark)  # the valve's flush, before going idle
             self._broadcast_status(None)
         elif step.change is not Change.UNCHANGED:
             self._advance_watermark(step.watermark)

@@ -4,7 +4,11 @@
 Each regular input is ``Active(watermark)``, ``Idle(watermark)`` or ``Ended``. The task's
 watermark is the minimum over its active inputs (an ended input counts as +inf, an idle one
 not at all); it only ever moves forward, and the task is idle when every input that has not
-ended is idle. Back-edges never enter the valve: a loop's records would otherwise hold the
+ended is idle. When the last active input goes idle, the task's watermark first moves to the
+highest watermark of its idle inputs (Flink's "flush" of StatusWatermarkValve): none of them
+will send more before it is active again, so nothing any of them sent can hold event time
+back (without it, an input that went idle while another still held the minimum down would
+keep its watermark from ever counting, and its windows from ever firing). Back-edges never enter the valve: a loop's records would otherwise hold the
 loop's own watermark back for ever (README, "Event time": in a loop, records that come
 round may be late).
 
@@ -39,7 +43,9 @@ class Change(enum.Enum):
 @dataclass(frozen=True)
 class Step:
     change: Change
-    watermark: float = MIN_WATERMARK  #: the task's watermark after the event
+    #: The task's watermark after the event (with IDLE: the watermark the task moves to
+    #: before it goes idle, if higher than it had: tell the operators first).
+    watermark: float = MIN_WATERMARK
 
 
 class WatermarkValve:
@@ -58,6 +64,8 @@ class WatermarkValve:
                 return self._advance(MAX_WATERMARK)
             if not self.is_idle and self.marks:
                 self.is_idle = True
+                idle = [m for c, m in self.marks.items() if c not in self.ended]
+                self._advance(max(idle))  # the flush: every live input is idle
                 return Step(Change.IDLE, self.watermark)
             return Step(Change.UNCHANGED, self.watermark)
         step = self._advance(min(live))
