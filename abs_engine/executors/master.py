@@ -57,7 +57,9 @@ from ..monitor.model import CheckpointStatus
 from ..monitor.store import StatsWriter
 from ..monitor.tracker import JobState, JobTracker
 from .config import JobConfig, JobResult
+from .job_control import ControlServer
 from .launcher import Launcher, WorkerProcess
+from .requests import SavepointRequests
 
 if TYPE_CHECKING:
     from ..api import Dataflow
@@ -132,6 +134,9 @@ class JobMaster:
         self.control_dir = ""  #: where the lock and the output fence live (see remote.control_dir)
         self.stop_requested = False  #: a signal asked for stop-with-savepoint
         self.savepoint_requested = False  #: a signal asked for a savepoint (and to go on)
+        #: Savepoints asked for by ``abs-engine savepoint`` (job_control.py), answered when taken.
+        self.requests = SavepointRequests()
+        self.generation = 0  #: the attempt running now
         self.storage: CheckpointStorage | None = None  #: the job's checkpoint storage, while it runs
         #: What the dashboard, the metrics and the stored statistics show (monitor/).
         self.tracker = JobTracker(plan, config.mode, config.checkpoint_interval if config.mode != "none" else None)
@@ -247,12 +252,14 @@ class JobMaster:
                 self.stats_writer = StatsWriter(location)
             state = JobState.FAILED
             try:
-                self._attempts(storage)
+                with ControlServer(self.control_dir, self.requests.submit):
+                    self._attempts(storage)
                 state = JobState.CANCELED if self.result.cancelled else JobState.FINISHED
             except KeyboardInterrupt as e:  # the workers were stopped on the way out (_attempt)
                 state = JobState.CANCELED
                 raise self._interrupted(e, None if temp else storage.shown) from None
             finally:
+                self.requests.close(f"the job ended ({state.value.lower()}) before the savepoint was taken")
                 self._ended(state)
             self.result.duration_s = time.monotonic() - self.started
             return self.result
@@ -368,6 +375,7 @@ class JobMaster:
     def _attempt(self, gen: int, listener: socket.socket, storage: CheckpointStorage,
                  meta: Metadata | None, next_id: int, restore_root: str) -> None:
         cfg = self.config
+        self.generation = gen
         # A new attempt's sources count from zero again: what earlier attempts read is kept,
         # so the run's count only grows (records re-read after a restore count again: work).
         self.count_source_records()  # the previous attempt's last count
@@ -618,6 +626,12 @@ class JobMaster:
                         raise WorkerFailure(late[0], None, f"tasks {late} did not restore and start within "
                                                            f"startup_timeout={cfg.startup_timeout}s")
                 if started and not final_restore:
+                    for stop in self.requests.take(self.generation):
+                        if stop and not self.stop_requested:
+                            self.stop_requested = True
+                            self._log("abs-engine savepoint --stop: taking a savepoint, then stopping")
+                        elif not stop:
+                            self.savepoint_requested = True
                     if self.stop_requested and not coord.stopping:
                         coord.request_savepoint(stop=True)
                     if self.savepoint_requested:
@@ -661,6 +675,7 @@ class JobMaster:
         assert self.storage is not None
         self.result.savepoint = write_savepoint(self.storage, meta, where)
         self._log(f"savepoint of checkpoint {meta.checkpoint_id}: {self.result.savepoint}")
+        self.requests.taken(self.result.savepoint)
         if coord.stopping:
             self.result.stopped_with_savepoint = True
         else:
