@@ -9,9 +9,11 @@ own) around every publish, truncate or delete of output. So:
   under the lock and raises ``FencedOut`` instead of writing: it cannot truncate or append;
 - a worker stopped *while* holding the fence (SIGSTOP mid-publish) would block the next
   advance forever: the driver waits a bounded time, then finds the holder in /proc/locks
-  and SIGKILLs it if it is an abs-engine worker (it belongs to an attempt that no longer
-  exists; on this machine it is the only way to take the lock back), else it fails with an
-  error naming the process. What the killed worker half-wrote is rolled back by the new
+  and SIGKILLs it if it is a stale worker *of this job* (it belongs to an attempt that no
+  longer exists; on this machine it is the only way to take the lock back), else it fails
+  with an error naming the process. A stale worker is known by more than its command line:
+  it runs as this user, and its environment (set by the launcher when it was started,
+  ``/proc/PID/environ``) names this fence directory and a token other than the new one. What the killed worker half-wrote is rolled back by the new
   attempt's restore, which truncates to the committed length under the fence.
 
 Tokens are opaque strings (job id, driver run, attempt); only equality matters.
@@ -31,6 +33,18 @@ from ..errors import CheckpointError, CheckpointErrorReason, FencedOut
 FENCE_FILE = "_fence"
 MAX_TOKEN = 256
 WORKER_MODULE = b"abs_engine.runtime.worker"
+#: Set in every worker's environment by its launcher: the fence directory and the token of
+#: the attempt it was started for (``worker_identity``); how ``advance`` tells a stale
+#: worker of this job from any other process.
+DIR_ENV = "ABS_ENGINE_FENCE_DIR"
+TOKEN_ENV = "ABS_ENGINE_FENCE_TOKEN"
+MAX_ENVIRON = 1 << 20  #: bytes of /proc/PID/environ read at most
+
+
+def worker_identity(root: str, token: str) -> dict[str, str]:
+    """The environment entries that identify a worker of attempt ``token`` of the job whose
+    fence is in ``root``."""
+    return {DIR_ENV: os.path.realpath(root), TOKEN_ENV: token}
 
 
 def _open(root: str) -> int:
@@ -106,12 +120,24 @@ def lock_holders(path: str) -> list[int]:
     return pids
 
 
-def _is_worker(pid: int) -> bool:
+def _is_stale_worker(pid: int, root: str, token: str) -> bool:
+    """``pid`` is a worker of this job (its fence directory is ``root``) started for an
+    attempt other than ``token``'s, running as this user."""
     try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            uids = next((ln.split()[1:] for ln in f.read(8192).splitlines() if ln.startswith(b"Uid:")), [])
+        if not uids or int(uids[0]) != os.geteuid():
+            return False
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return WORKER_MODULE in f.read(4096)
-    except OSError:
+            if WORKER_MODULE not in f.read(4096):
+                return False
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(e.split(b"=", 1) for e in f.read(MAX_ENVIRON).split(b"\0") if b"=" in e)
+    except (OSError, ValueError):
         return False
+    mine = worker_identity(root, token)
+    return (env.get(DIR_ENV.encode()) == mine[DIR_ENV].encode()
+            and env.get(TOKEN_ENV.encode()) not in (None, mine[TOKEN_ENV].encode()))
 
 
 def _take_within(fd: int, timeout: float) -> bool:
@@ -142,12 +168,12 @@ def advance(root: str, token: str, timeout: float = 5.0) -> list[int]:
                 pass
             if time.monotonic() > deadline:
                 holders = [p for p in lock_holders(path) if p != os.getpid()]
-                stale = [p for p in holders if _is_worker(p)]
-                if not stale:
+                stale = [p for p in holders if _is_stale_worker(p, root, token)]
+                if not stale or len(stale) < len(holders):
                     raise CheckpointError(
                         CheckpointErrorReason.LOCKED,
                         f"the fence {path} is held by process(es) {holders or 'unknown'} for more than "
-                        f"{timeout:g}s: stop them, then run again")
+                        f"{timeout:g}s, not all of them stale workers of this job: stop them, then run again")
                 for pid in stale:
                     try:
                         os.kill(pid, signal.SIGKILL)

@@ -46,9 +46,11 @@ class Launcher(Protocol):
     host: str
 
     def start(self, tasks: list[str], driver: tuple[str, int], generation: int,
-              secret: bytes, material: Material | None = None) -> Mapping[str, WorkerProcess]:
+              secret: bytes, material: Material | None = None,
+              env: Mapping[str, str] | None = None) -> Mapping[str, WorkerProcess]:
         """One worker per task id, each told to connect to ``driver`` and given ``secret``
-        (and ``material``, the attempt's TLS key and certificate, if the job has TLS)."""
+        (and ``material``, the attempt's TLS key and certificate, if the job has TLS), with
+        ``env`` added to its environment (the attempt's identity: checkpoint/fence.py)."""
 
     def stop(self, workers: Mapping[str, WorkerProcess], timeout: float) -> None:
         """Kill every worker still running and wait for them, all against one deadline."""

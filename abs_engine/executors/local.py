@@ -20,8 +20,9 @@ from ..tls import Material
 from .launcher import WorkerProcess
 
 
-def worker_env() -> dict[str, str]:
+def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(extra or {})
     seed = env.get("PYTHONHASHSEED")
     if seed in (None, "", "random"):
         env["PYTHONHASHSEED"] = "0"  # hash partitioning must agree across workers and restarts
@@ -98,8 +99,9 @@ class LocalLauncher:
         self.host = host
 
     def start(self, tasks: list[str], driver: tuple[str, int], generation: int,
-              secret: bytes, material: Material | None = None) -> dict[str, LocalProcess]:
-        env = worker_env()
+              secret: bytes, material: Material | None = None,
+              env: Mapping[str, str] | None = None) -> dict[str, LocalProcess]:
+        env = worker_env(env)
         return {t: LocalProcess(spawn_worker(worker_command(driver, t, generation), env, secret, material))
                 for t in tasks}
 

@@ -402,7 +402,8 @@ class JobMaster:
             self._log(f"killed stale worker(s) {killed} that held the output fence (from a dead attempt)")
         try:
             try:
-                procs = self.launcher.start([t.id for t in self.plan.tasks], (host, port), gen, secret, material)
+                procs = self.launcher.start([t.id for t in self.plan.tasks], (host, port), gen, secret, material,
+                                            env=fence.worker_identity(self.control_dir, token))
             except AbsEngineError as err:
                 if gen == 0:
                     raise  # the cluster cannot run this job at all (too few slots): say so at once

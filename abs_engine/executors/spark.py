@@ -94,8 +94,8 @@ def ship_packages(sc: Any) -> None:
 
 
 def _stage_function(groups: list[list[str]], driver: tuple[str, int], generation: int,
-                    secret_hex: str, driver_path: list[str],
-                    material: Material | None = None) -> Callable[[Iterator[Any]], Iterator[Any]]:
+                    secret_hex: str, driver_path: list[str], material: Material | None = None,
+                    identity: dict[str, str] | None = None) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """What barrier task k runs: start the workers of ``groups[k]`` and wait for them."""
 
     def run(_: Iterator[Any]) -> Iterator[Any]:
@@ -109,6 +109,7 @@ def _stage_function(groups: list[list[str]], driver: tuple[str, int], generation
         k = ctx.partitionId()
         bind = ctx.getTaskInfos()[k].address.rsplit(":", 1)[0]
         env = dict(os.environ)
+        env.update(identity or {})
         env.setdefault("PYTHONHASHSEED", "0")
         if env["PYTHONHASHSEED"] in ("", "random"):
             env["PYTHONHASHSEED"] = "0"
@@ -214,7 +215,8 @@ class SparkLauncher:
         self.stages: list[_Stage] = []
 
     def start(self, tasks: list[str], driver: tuple[str, int], generation: int,
-              secret: bytes, material: Material | None = None) -> dict[str, WorkerProcess]:
+              secret: bytes, material: Material | None = None,
+              env: Mapping[str, str] | None = None) -> dict[str, WorkerProcess]:
         groups = _slot_groups(tasks)
         width = len(groups)
         slots = self._await_slots(width + self.reserve)
@@ -225,7 +227,7 @@ class SparkLauncher:
                 f"operator has parallelism {width} and task k hosts subtask k of every operator{extra}) but the "
                 f"cluster has {slots}: add executors or cores, or lower the job's parallelism")
         group = f"abs-engine-{uuid.uuid4().hex[:8]}-{generation}"
-        fn = _stage_function(groups, driver, generation, secret.hex(), list(sys.path), material)
+        fn = _stage_function(groups, driver, generation, secret.hex(), list(sys.path), material, dict(env or {}))
         stage = _Stage(self.sc, fn, width, group)
         self.stages.append(stage)
         return {t: SparkWorker(t, stage) for t in tasks}

@@ -27,7 +27,7 @@ class SilentLauncher(LocalLauncher):
     """Starts processes that live but never connect (a worker stuck before its Hello)."""
 
     def start(self, tasks: list[str], driver: tuple[str, int], generation: int, secret: bytes,
-              material: Any = None) -> dict[str, LocalProcess]:
+              material: Any = None, env: Any = None) -> dict[str, LocalProcess]:
         return {t: LocalProcess(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                                  stdin=subprocess.DEVNULL)) for t in tasks}
 
