@@ -35,6 +35,9 @@ ATOMIC_PUT_SCHEMES = frozenset({"s3", "gs", "gcs", "abfs", "abfss", "az"})
 #: Temporary files of ``put`` are named ``.tmp-<12 hex>-<name>``: hidden from Spark and Hadoop
 #: readers (leading dot) and recognisable as leftovers of a crash (``is_leftover``).
 TMP_PREFIX = ".tmp-"
+#: The object metadata that makes an object private, per scheme that has ACLs (Arrow's S3
+#: file system sets the canned ACL from the "ACL" key).
+PRIVATE_ACL: dict[str, dict[str, str]] = {"s3": {"ACL": "private"}}
 _TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{12}-(.+)$")
 _SECRET_KEYS = frozenset({"secret_key", "session_token", "access_key", "password", "token"})
 _SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -108,9 +111,12 @@ def _open(uri: str) -> tuple[Any, str]:
 class Store:
     """A directory on a remote file system or object store, given by a URI."""
 
-    def __init__(self, uri: str):
+    def __init__(self, uri: str, private: bool = False):
         if not is_remote(uri):
             raise ValueError(f"{uri!r} is a local path: use it directly")
+        #: Objects are written with a private ACL where the store has ACLs (S3: the canned
+        #: ACL "private", owner only, whatever the bucket's default).
+        self.private = private
         self.uri = uri.rstrip("/") if "?" not in uri else uri
         self.shown = redact(uri)
         self.scheme = urlsplit(uri).scheme.lower()
@@ -196,13 +202,14 @@ class Store:
         """Write ``data`` as file ``names``, visible whole or not at all (see the module
         docstring); an existing file of that name is replaced."""
         target = self.path(*names)
+        meta = PRIVATE_ACL.get(self.scheme) if self.private else None
         try:
             if self.scheme in ATOMIC_PUT_SCHEMES:
-                with self.fs.open_output_stream(target) as out:
+                with self.fs.open_output_stream(target, metadata=meta) as out:
                     out.write(data)
             else:
                 tmp = self.path(*names[:-1], f"{TMP_PREFIX}{secrets.token_hex(6)}-{names[-1]}")
-                with self.fs.open_output_stream(tmp) as out:
+                with self.fs.open_output_stream(tmp, metadata=meta) as out:
                     out.write(data)
                 self.fs.move(tmp, target)
         except Exception as e:
@@ -237,9 +244,12 @@ class Store:
 
 class LocalDir:
     """A local directory with the Store's interface, for code that takes either (sinks,
-    staging): ``put`` is a temp file, fsync, rename and a directory fsync."""
+    staging): ``put`` is a temp file, fsync, rename and a directory fsync. ``private``: the
+    directories it makes are 0700 and its files 0600 (the engine's own files: statistics,
+    savepoints, staging); else the umask decides, as for any file a program writes (output)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, private: bool = False):
+        self.private = private
         self.base = local_path(path)
         self.uri = self.base
         self.shown = self.base
@@ -281,7 +291,9 @@ class LocalDir:
         parent = os.path.dirname(target)
         os.makedirs(parent, exist_ok=True)
         tmp = os.path.join(parent, f"{TMP_PREFIX}{secrets.token_hex(6)}-{os.path.basename(target)}")
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600 if self.private else 0o666)
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -299,16 +311,24 @@ class LocalDir:
             pass
 
     def make_root(self) -> None:
-        os.makedirs(self.base, exist_ok=True)
+        if not self.private:
+            os.makedirs(self.base, exist_ok=True)
+            return
+        os.makedirs(os.path.dirname(self.base), exist_ok=True)
+        try:
+            os.mkdir(self.base, 0o700)
+        except FileExistsError:
+            pass
 
 
 Directory = Store | LocalDir
 
 
-def open_dir(location: str) -> Directory:
+def open_dir(location: str, private: bool = False) -> Directory:
     """A directory to put, read, list and delete files in: local (plain path or file://)
-    or remote (any other URI)."""
-    return Store(location) if is_remote(location) else LocalDir(location)
+    or remote (any other URI); ``private``: only its owner may read what is written there
+    (0700 directories and 0600 files; a private ACL on an object store that has ACLs)."""
+    return Store(location, private) if is_remote(location) else LocalDir(location, private)
 
 
 class TooLarge(Exception):

@@ -239,6 +239,9 @@ class Failed(Message):
     fatal: bool  #: retrying cannot help (e.g. state that msgpack cannot encode)
     record: str = ""  #: a truncated repr of the record the operator failed on, if known
     digest: str = ""  #: identifies that record (sha256 of its msgpack), to spot a poison record
+    #: The type of the exception the user's code raised ("ValueError"), with no message: what
+    #: the dashboard may show of it ("" if unknown: the driver reads it off the traceback).
+    error_type: str = ""
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,17 @@ from operators import FileSink, TextFileSource
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+#: The printed address is http://HOST:PORT/?token=T; the poller sends T as a Bearer header,
+#: as Prometheus does. A refusal (HTTP 4xx/5xx) fails the benchmark: only a connection that
+#: no longer opens means the job ended.
 POLLER = r"""
-import json, sys, time, urllib.request
-url, n = sys.argv[1], 0
+import json, sys, time, urllib.error, urllib.parse, urllib.request
+parts = urllib.parse.urlsplit(sys.argv[1])
+url = f"{parts.scheme}://{parts.netloc}/"
+auth = {"Authorization": "Bearer " + urllib.parse.parse_qs(parts.query)["token"][0]}
+n = 0
 def get(path):
-    with urllib.request.urlopen(url + path, timeout=10) as r:
+    with urllib.request.urlopen(urllib.request.Request(url + path, headers=auth), timeout=10) as r:
         return r.read()
 while True:
     try:
@@ -44,6 +50,8 @@ while True:
             get(f"api/checkpoints/{cps['history'][0]['id']}")
         get("metrics")
         n += 1
+    except urllib.error.HTTPError as e:
+        sys.exit(f"the dashboard refused the poller: HTTP {e.code} {e.reason}")
     except OSError:
         break  # the job ended
     time.sleep(1.0)  # the page's polling period
@@ -66,7 +74,12 @@ def engine(path: str, out: str, parallelism: int, interval: float, dashboard: bo
     res = flow.run(mode="aligned", checkpoint_interval=interval, dashboard=0 if dashboard else None,
                    stop_when=start_poller)
     secs = time.perf_counter() - t0
-    polls = int(poller[0].communicate(timeout=60)[0] or 0) if poller else 0
+    polls = 0
+    if poller:
+        counted = poller[0].communicate(timeout=60)[0]
+        if poller[0].returncode != 0:
+            raise SystemExit(f"the dashboard poller failed (exit {poller[0].returncode}); see its error above")
+        polls = int(counted or 0)
     total = 0
     with open(out, encoding="utf-8") as f:
         for line in f:

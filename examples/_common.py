@@ -41,7 +41,8 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
                     help="serve a live dashboard (job graph, throughput, backpressure, checkpoints, restarts), its "
                          "JSON API and Prometheus /metrics on PORT while the job runs (0: any free port)")
     ap.add_argument("--dashboard-host", default="127.0.0.1",
-                    help="address the dashboard binds to (default %(default)s; it has no authentication)")
+                    help="address the dashboard binds to (default %(default)s; every request needs the job's token, "
+                         "which the address printed at start carries)")
 
 
 def executor_options(args: argparse.Namespace) -> dict[str, Any]:

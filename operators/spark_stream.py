@@ -76,7 +76,7 @@ class SparkStreamSource(Source[Any]):
 
     def _staged(self) -> fs.Directory:
         if self._dir is None:
-            self._dir = fs.open_dir(self.staging)
+            self._dir = fs.open_dir(self.staging, private=True)
         return self._dir
 
     def check(self) -> None:

@@ -4,7 +4,8 @@ A job holds ``ROOT/_lock`` for its whole life (``DirectoryLock``). Invariants:
 - The lock is ``flock(LOCK_EX | LOCK_NB)`` on an open file description: it is held until
   released or until the process dies (the kernel drops it; no stale lock survives a
   SIGKILL). Two ``DirectoryLock`` objects exclude each other even in one process.
-- The lock file is opened with ``O_NOFOLLOW`` (a planted symlink is refused, never
+- The lock file is 0600 (another local user can neither read who holds it nor take an
+  flock on it to keep the job out), and opened with ``O_NOFOLLOW`` (a planted symlink is refused, never
   followed) and ``O_CLOEXEC``, so worker processes the job starts do not inherit it.
 - The holder writes JSON about itself (pid, host, job name, job id, start time, argv[0])
   into the file and fsyncs it; a job that finds the directory locked reads that (bounded)
@@ -90,7 +91,7 @@ class DirectoryLock:
     def acquire(self) -> "DirectoryLock":
         if self._fd is not None:
             raise RuntimeError(f"lock {self.path} is already held by this object")
-        os.makedirs(self.root, exist_ok=True)
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
         fd = self._open()
         try:
             try:
@@ -117,7 +118,7 @@ class DirectoryLock:
     def _open(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(self.path, flags, 0o644)
+            fd = os.open(self.path, flags, 0o600)
         except OSError as e:
             if os.path.islink(self.path) or os.path.isdir(self.path):
                 raise CheckpointError(

@@ -50,7 +50,7 @@ def _unreachable(e: BaseException, checkpoint_id: int | None = None) -> Checkpoi
 
 def _store(uri: str) -> fs.Store:
     try:
-        return fs.Store(uri)
+        return fs.Store(uri, private=True)
     except fs.StoreError as e:
         raise _unreachable(e) from e
 

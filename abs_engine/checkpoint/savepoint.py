@@ -43,7 +43,8 @@ def write_savepoint(source: CheckpointStorage, meta: Metadata, directory: str) -
         target = f"{head.rstrip('/')}/{name}{sep}{query}"
     else:
         target = fs.local_path(directory) + "/" + name
-        fs.LocalDir(target).make_root()
+        fs.LocalDir(directory, private=True).make_root()
+        fs.LocalDir(target, private=True).make_root()
     blobs = source._read_blobs(meta.checkpoint_id, meta, list(meta.tasks))  # verified: size and sha256
     for task, entry in meta.tasks.items():
         write_task_state(target, meta.checkpoint_id, entry.file, blobs[task][0])

@@ -16,6 +16,8 @@ job's directory lock (see lock.py). Invariants:
   with ``O_NONBLOCK`` (a FIFO cannot block the open) and must be regular files
   (``fstat``); reads are bounded by the recorded size (or ``MAX_METADATA``), so a file
   that grows, or a device, cannot exhaust memory.
+- Private: checkpoint directories are made 0700 and files 0600 (checkpoint/directory.py
+  makes the root 0700), so no other local user reads a record of the job.
 - Writes never follow or overwrite what is planted: directories are made with ``mkdir``
   and refused if they are symlinks or not directories; files are created with
   ``O_CREAT | O_EXCL | O_NOFOLLOW``. Pruning unlinks a symlinked ``chk-N``, never follows it.
@@ -145,7 +147,7 @@ def _open_chk(root: str, checkpoint_id: int, create: bool = False) -> int:
     try:
         if create:
             try:
-                os.mkdir(name, 0o755, dir_fd=root_fd)
+                os.mkdir(name, 0o700, dir_fd=root_fd)
                 os.fsync(root_fd)
             except FileExistsError:
                 pass  # another task made it; checked below like anything found on disk
@@ -594,7 +596,7 @@ def _create_exclusive(dir_fd: int, name: str, data: bytes, shown: str, checkpoin
     """Create ``name`` below ``dir_fd`` (never following or overwriting anything already
     there), write ``data`` and fsync it. A partial file is removed on failure."""
     try:
-        fd = os.open(name, _CREATE_FLAGS, 0o644, dir_fd=dir_fd)
+        fd = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=dir_fd)
     except FileExistsError:
         raise CheckpointError(
             _R.UNSAFE_PATH,

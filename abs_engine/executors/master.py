@@ -78,18 +78,34 @@ def _error_line(traceback: str | None) -> str:
     return last if len(last) <= 300 else last[:300] + "..."
 
 
+def _error_type(traceback: str | None) -> str:
+    """The exception's type from its line ("ValueError" of "ValueError: bad input"), or ""."""
+    head = _error_line(traceback).split(":", 1)[0].strip()
+    return head if head.replace(".", "").replace("_", "").isalnum() else ""
+
+
 class WorkerFailure(Exception):
     """Why an attempt failed: the task, the operator, what happened and (when an operator
-    failed on a record) the record and its digest."""
+    failed on a record) the record and its digest.
+
+    ``str()`` is the whole story, for the driver's log and the JobFailed the user gets;
+    ``public`` leaves out what may hold the job's data (the record, the exception's
+    message): it is what the dashboard, the metrics and the stored statistics show, which
+    people other than the job's owner may see."""
 
     def __init__(self, task: str, operator: str | None, detail: str, traceback: str | None = None,
-                 fatal: bool = False, record: str = "", digest: str = ""):
+                 fatal: bool = False, record: str = "", digest: str = "", error_type: str = ""):
         text = f"task {task}" + (f", operator {operator!r}" if operator else "") + f": {detail}"
+        self.public = text
         error = _error_line(traceback)
         if error and detail == "raised an exception":
             text += f": {error}"
+            kind = error_type or _error_type(traceback)
+            self.public += f": {kind}" if kind else ""
         if record:
             text += f"; record: {record}"
+        if self.public != text:
+            self.public += " (the message and the record are in the driver's log)"
         super().__init__(text)
         self.task = task
         self.operator = operator
@@ -179,7 +195,8 @@ class JobMaster:
             return
         from ..monitor.dashboard import Dashboard
 
-        with Dashboard(self.tracker, self.config.dashboard_host, self.config.dashboard) as board:
+        with Dashboard(self.tracker, self.config.dashboard_host, self.config.dashboard,
+                       token=self.config.dashboard_token) as board:
             self.result.dashboard_url = board.url
             print(f"[{self.plan.job}] dashboard: {board.url}", file=sys.stderr, flush=True)
             yield
@@ -334,7 +351,7 @@ class JobMaster:
                     return
                 except WorkerFailure as f:
                     self.result.failures.append(str(f))
-                    for stat in self.tracker.abort_pending(f"job failover: {f}", at=f.time):
+                    for stat in self.tracker.abort_pending(f"job failover: {f.public}", at=f.time):
                         self.result.add_checkpoint(stat)
                     if f.operator is None:
                         self.result.workers_lost += 1  # died (a signal, a crash) or went silent
@@ -357,7 +374,7 @@ class JobMaster:
                         raise JobFailed(f"job {self.plan.job!r} {why}: {f}", f.operator, f.traceback) from None
                     attempt += 1
                     self.result.restarts += 1
-                    self.tracker.failed_over(f.task, str(f), attempt, at=f.time)
+                    self.tracker.failed_over(f.task, f.public, attempt, at=f.time)
                     if self.stats_writer is not None:
                         self.stats_writer.write(self.tracker, force=True)
                     self._log(f"restarting (attempt {attempt} of {cfg.restart_attempts}) after: {f}")
@@ -529,7 +546,7 @@ class JobMaster:
                     if isinstance(m, messages.Failed) and m.task == w.task \
                             and not m.operator.startswith(("<upstream", "<downstream")):
                         return WorkerFailure(m.task, m.operator, "raised an exception", m.traceback, m.fatal,
-                                             m.record, m.digest)
+                                             m.record, m.digest, m.error_type)
             except ProtocolError:
                 pass  # its last words are garbled: fall back to the exit status
         return WorkerFailure(w.task, None, f"worker process {w.proc.pid or '?'} {w.proc.describe_exit(code)}")
@@ -779,7 +796,8 @@ class JobMaster:
                 suspect = None if suspect in (None, "None") else suspect
                 self._root_cause(workers, exclude=msg.task, suspect=suspect)
             detail = "raised an exception" if not msg.digest.startswith("stuck:") else "was stuck"
-            raise WorkerFailure(msg.task, msg.operator, detail, msg.traceback, msg.fatal, msg.record, msg.digest)
+            raise WorkerFailure(msg.task, msg.operator, detail, msg.traceback, msg.fatal, msg.record, msg.digest,
+                                msg.error_type)
 
     def _root_cause(self, workers: dict[str, Worker], exclude: str, suspect: str | None) -> None:
         """A task lost a peer: raise the failure of the worker that really died, if any.

@@ -8,28 +8,36 @@ driver while the job runs (``run(dashboard=PORT)``, ``--dashboard PORT``).
 
 It is read-only: nothing it serves changes the job, and it reads the tracker under the
 tracker's lock. It binds to loopback by default and then accepts only loopback Host headers
-(a web page elsewhere cannot read it through DNS rebinding). It has no authentication: a
-host other than loopback is the user's explicit choice (see the README). The listening
-socket is bound before the job starts, so a taken port fails at once, and connections made
-before uvicorn's loop runs wait in the backlog (no start-up race).
+(a web page elsewhere cannot read it through DNS rebinding). Every request must carry the
+job's token (``JobConfig.dashboard_token``, else a random one): ``Authorization: Bearer``
+(scripts, Prometheus), the cookie a ``?token=`` link sets (the browser), or ``?token=``
+itself. The printed address carries it, the Jupyter way: opening it sets the cookie and
+redirects to the same page without the token. The listening socket is bound before the job
+starts, so a taken port fails at once, and connections made before uvicorn's loop runs wait
+in the backlog (no start-up race).
 """
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import os
+import secrets
 import socket
 import threading
 from types import TracebackType
+from urllib.parse import parse_qsl, quote, urlencode
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.requests import Request, cookie_parser
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .metrics import JobMetrics
 from .tracker import JobTracker
@@ -38,14 +46,74 @@ STATIC = os.path.join(os.path.dirname(__file__), "static")
 #: The page loads only its own files; the API is same-origin.
 _HEADERS = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store",
             "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-                                       "frame-ancestors 'none'"}
+                                       "frame-ancestors 'none'",
+            "Referrer-Policy": "no-referrer"}
+#: Paths that answer scripts: a ``?token=`` there authenticates the request and is not redirected.
+_API_PREFIXES = ("/api/", "/metrics")
+_UNAUTHORIZED = ("This dashboard needs its token: open the address the job printed when it started "
+                 "(it ends in ?token=...), or send 'Authorization: Bearer <token>'.\n")
 
 
 class DashboardError(OSError):
     """The dashboard's port cannot be bound (in use, or not an address of this machine)."""
 
 
-def make_app(tracker: JobTracker, metrics: JobMetrics, allowed_hosts: list[str] | None) -> Starlette:
+def cookie_name(port: int) -> str:
+    """The token's cookie. Browsers share cookies across the ports of one host, so the name
+    carries the port: two jobs' dashboards open side by side do not overwrite each other's."""
+    return f"abs_engine_token_{port}"
+
+
+class TokenMiddleware:
+    """Lets through only requests that carry ``token`` (pure ASGI, inside TrustedHost).
+
+    A request is authenticated when any of its bearer header, cookie or ``?token=`` equals
+    the token (constant-time comparison of the UTF-8 bytes, so no input raises). A valid
+    ``?token=`` on a GET/HEAD of a page (not /api/, not /metrics) answers 303 to the same
+    path and query without it, setting the cookie: the token leaves the address bar, the
+    history and any Referer. Anything else unauthenticated is a 401 that never echoes what
+    was sent."""
+
+    def __init__(self, app: ASGIApp, token: str, cookie: str):
+        self.app = app
+        self.token = token.encode()
+        self.cookie = cookie
+
+    def _valid(self, candidate: str | None) -> bool:
+        return candidate is not None and hmac.compare_digest(candidate.encode("utf-8", "replace"), self.token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        scheme, _, credentials = headers.get("authorization", "").partition(" ")
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        in_query = [v for k, v in query if k == "token"]
+        from_query = bool(in_query) and self._valid(in_query[-1])
+        if not (from_query or (scheme.lower() == "bearer" and self._valid(credentials.strip()))
+                or self._valid(cookie_parser(headers.get("cookie", "")).get(self.cookie))):
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            await PlainTextResponse(_UNAUTHORIZED, status_code=401, headers={
+                **_HEADERS, "WWW-Authenticate": 'Bearer realm="abs-engine dashboard"'})(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if (from_query and scope["type"] == "http" and scope["method"] in ("GET", "HEAD")
+                and not path.startswith(_API_PREFIXES)):
+            rest = urlencode([(k, v) for k, v in query if k != "token"])
+            # path-absolute with one leading slash: never a protocol-relative "//host" redirect
+            target = "/" + quote(path, safe="/:@!$&'()*+,;=-._~").lstrip("/") + ("?" + rest if rest else "")
+            redirect = Response(status_code=303, headers={**_HEADERS, "Location": target})
+            redirect.set_cookie(self.cookie, self.token.decode(), path="/", httponly=True, samesite="strict")
+            await redirect(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def make_app(tracker: JobTracker, metrics: JobMetrics, allowed_hosts: list[str] | None, token: str,
+             cookie: str) -> Starlette:
     async def index(request: Request) -> Response:
         return FileResponse(os.path.join(STATIC, "index.html"), headers=_HEADERS)
 
@@ -67,7 +135,9 @@ def make_app(tracker: JobTracker, metrics: JobMetrics, allowed_hosts: list[str] 
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8",
                         headers={"Cache-Control": "no-store"})
 
+    # the Host check first: a rebinding page is refused before anything about the token is said
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
+    middleware.append(Middleware(TokenMiddleware, token=token, cookie=cookie))
     return Starlette(routes=[
         Route("/", index), Route("/api/job", job), Route("/api/checkpoints", checkpoints),
         Route("/api/checkpoints/{cid}", checkpoint), Route("/metrics", prometheus),
@@ -76,9 +146,11 @@ def make_app(tracker: JobTracker, metrics: JobMetrics, allowed_hosts: list[str] 
 
 
 class Dashboard:
-    """Serves ``tracker`` on ``host:port`` from a daemon thread, as a context manager."""
+    """Serves ``tracker`` on ``host:port`` from a daemon thread, as a context manager.
 
-    def __init__(self, tracker: JobTracker, host: str, port: int):
+    ``token`` (None: a random one) is what every request must carry; ``url`` carries it."""
+
+    def __init__(self, tracker: JobTracker, host: str, port: int, token: str | None = None):
         try:
             self.sock = socket.create_server((host, port), family=_family(host), backlog=128)
         except OSError as e:
@@ -86,12 +158,13 @@ class Dashboard:
                                           "port, or 0 for any free one") from None
         bound = self.sock.getsockname()
         shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{bound[1]}/"
+        self.token = token if token is not None else secrets.token_urlsafe(24)
+        self.url = f"http://{shown}:{bound[1]}/?token={quote(self.token, safe='')}"
         loopback = _is_loopback(host)
         allowed = ["localhost", "127.0.0.1", "[::1]", "::1"] if loopback else None
         try:
             self.metrics = JobMetrics(tracker)
-            app = make_app(tracker, self.metrics, allowed)
+            app = make_app(tracker, self.metrics, allowed, self.token, cookie_name(bound[1]))
             self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                                         log_config=None))
         except BaseException:

@@ -65,8 +65,7 @@ def write_report(location: str, out: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=os.path.dirname(os.path.abspath(out)))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html)
-        os.chmod(tmp, 0o644)
+            f.write(html)  # (0600, as mkstemp made it: the report holds the job's failures and sizes)
         os.replace(tmp, out)
     except BaseException:
         os.unlink(tmp)

@@ -39,7 +39,7 @@ class StatsWriter:
     """
 
     def __init__(self, location: str):
-        self.dir = fs.open_dir(location)
+        self.dir = fs.open_dir(location, private=True)
         self.taken = -1  #: the tracker version last handed to the thread
         self.next_at = 0.0
         self.error = ""  #: why the last write failed ("" if it did not)

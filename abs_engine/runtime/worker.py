@@ -32,6 +32,8 @@ import time
 import traceback
 from typing import Any
 
+from operators.base import RecordError
+
 from .. import codec, codeship, messages
 from ..tls import Material
 from ..checkpoint.fence import Fence
@@ -167,11 +169,17 @@ def _file_tag(fence: str, generation: int) -> str:
 
 
 def _report(control: ControlLink, task: str, operator: str, tb: str, fatal: bool,
-            record: str = "", digest: str = "") -> None:
+            record: str = "", digest: str = "", error_type: str = "") -> None:
     try:
-        control.send(messages.Failed(task, operator, tb, fatal, record, digest))
+        control.send(messages.Failed(task, operator, tb, fatal, record, digest, error_type))
     except OSError:
         pass
+
+
+def _type_name(e: BaseException) -> str:
+    """``ValueError``, or ``module.Class`` for an exception not built in."""
+    t = type(e)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
 def _record_digest(record: Any) -> str:
@@ -238,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         record, digest = (record_repr(e.record), _record_digest(e.record)) if e.has_record else ("", "")
         if isinstance(cause, OSError):
             digest = ""  # I/O, connection and timeout errors may pass on a retry: never a poison record
-        _report(control, task_id, e.operator, "".join(traceback.format_exception(cause)), fatal, record, digest)
+        _report(control, task_id, e.operator, "".join(traceback.format_exception(cause)), fatal, record, digest,
+                _type_name(cause.__cause__ if isinstance(cause, RecordError) and cause.__cause__ else cause))
         return 1
     except LoopNotQuiet as e:
         _report(control, task_id, "<loop>", str(e), True)
@@ -246,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     except LoopOverflow as e:
         # Fatal: the same loop replayed from a checkpoint overflows the same way. Reported
         # with the operator the loop feeds; the driver fails the job with this message.
-        _report(control, task_id, e.operator, "".join(traceback.format_exception(e)), True)
+        _report(control, task_id, e.operator, "".join(traceback.format_exception(e)), True,
+                error_type=_type_name(e))
         return 1
     except ChannelClosed as e:
         # Collateral damage: the driver attributes the failure to the producer that died.

@@ -1,7 +1,8 @@
 """The dashboard in a real browser (Debian's chromium, headless, driven by Playwright): it
-opens on a running job, sees completed checkpoints rise, sees the restart that follows a
-SIGKILL of a worker, and logs no error to the console; the report of the finished job opens
-from disk without errors too.
+opens the address the job printed (its token is exchanged for a cookie and leaves the
+address bar), sees completed checkpoints rise, sees the restart that follows a SIGKILL of a
+worker, and logs no error to the console; the report of the finished job opens from disk
+without errors too.
 
 Skipped when /usr/bin/chromium is missing, unless ABS_ENGINE_REQUIRE_BROWSER is set (CI
 installs chromium and sets it, so there the test cannot quietly not run). Set
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -70,8 +72,13 @@ def dashboard_url(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
     raise AssertionError(f"the job printed no dashboard address: {''.join(seen)[-2000:]}")
 
 
-def api(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as r:
+def api(printed: str, path: str) -> Any:
+    """``path`` of the dashboard at the printed address, with its token as a Bearer header."""
+    parts = urllib.parse.urlsplit(printed)
+    [token] = urllib.parse.parse_qs(parts.query)["token"]
+    req = urllib.request.Request(urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", "")),
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
 
 
@@ -94,13 +101,17 @@ def test_dashboard_of_a_running_job_and_its_report(browser, tmp_path: Path) -> N
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         errors = watch_errors(page)
         page.goto(url)
+        # the token became an HttpOnly cookie and left the address bar
+        assert "token" not in page.url and page.url == url.split("?", 1)[0]
+        [cookie] = page.context.cookies()
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["value"] in url
         page.wait_for_function("() => document.querySelector('#job-state').textContent === 'RUNNING'",
                                timeout=60_000)
         page.wait_for_function("() => Number(document.querySelector('#completed-count').textContent"
                                ".replace(/,/g, '')) >= 2", timeout=60_000)
         assert page.locator("#job-graph").count() == 1 and number(page, "#restart-count") == 0
         # SIGKILL a worker that is not a source: the dashboard shows the restart and its recovery
-        victim = next(t for t in api(url + "api/job")["tasks"] if t["vertex"] == "count" and t["pid"])
+        victim = next(t for t in api(url, "/api/job")["tasks"] if t["vertex"] == "count" and t["pid"])
         os.kill(victim["pid"], signal.SIGKILL)
         page.wait_for_function("() => document.querySelector('#restart-count').textContent === '1'", timeout=60_000)
         page.wait_for_function("() => document.querySelectorAll('#recovery-table tbody tr').length === 1",

@@ -2,16 +2,20 @@
 failures: an expired checkpoint (a function stalls once), a SIGKILLed worker and its
 restore. What the API says is compared with the JobResult at the same moment (``stop_when``
 runs on the driver's thread, so nothing changes while it reads), and what is stored beside
-the checkpoints with the final result."""
+the checkpoints with the final result. Every route needs the job's token: a Bearer header,
+the cookie a ``?token=`` link sets, or ``?token=`` itself."""
 
 from __future__ import annotations
 
 import http.client
+import http.cookiejar
 import json
 import os
+import re
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -20,17 +24,40 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from abs_engine import Dataflow, JobResult, cli
 from abs_engine.monitor import store
-from abs_engine.monitor.dashboard import Dashboard, DashboardError
+from abs_engine.monitor.dashboard import Dashboard, DashboardError, cookie_name
 from abs_engine.monitor.model import CheckpointStatus
 from abs_engine.monitor.tracker import JobTracker
 from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
 from tests.abs_engine.monitor.test_tracker import Clock, plan
 
 
-def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as r:
+#: A fixed token (JobConfig.dashboard_token) for the job test; others use the random one.
+TOKEN = "fixed-token-for-the-dashboard-test"
+
+
+def split(url: str) -> tuple[str, str]:
+    """The printed address ``http://HOST:PORT/?token=T`` as its base (``http://HOST:PORT/``) and T."""
+    parts = urllib.parse.urlsplit(url)
+    [token] = urllib.parse.parse_qs(parts.query)["token"]
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/", "", "")), token
+
+
+def get(url: str, token: str) -> Any:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
         body = r.read().decode()
     return json.loads(body) if "/api/" in url else body
+
+
+def raw(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, http.client.HTTPMessage, str]:
+    """One GET, redirects not followed: status, headers, body."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, r.headers, r.read().decode()
+    finally:
+        conn.close()
 
 
 def metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -63,22 +90,24 @@ def test_api_and_metrics_agree_with_the_job(tmp_path) -> None:  # type: ignore[n
         failed = [s for s in res.failed_checkpoints if s.status is CheckpointStatus.FAILED]
         if not (res.restarts == 1 and failed and len(done_after_restart) >= 2):
             return False
-        url = res.dashboard_url
+        url, token = split(res.dashboard_url)
         last = res.checkpoints[-1]
-        seen.update(job=get(url + "api/job"), cps=get(url + "api/checkpoints"),
-                    detail=get(url + f"api/checkpoints/{last.checkpoint_id}"), metrics=metrics(get(url + "metrics")),
+        seen.update(job=get(url + "api/job", token), cps=get(url + "api/checkpoints", token),
+                    detail=get(url + f"api/checkpoints/{last.checkpoint_id}", token),
+                    metrics=metrics(get(url + "metrics", token)), printed=res.dashboard_url,
                     result=(res.checkpoints_completed, list(res.checkpoints), list(res.failed_checkpoints),
                             list(res.recoveries), list(res.restored_from), list(res.failures)))
         with pytest.raises(urllib.error.HTTPError) as e:
-            get(url + "api/checkpoints/999999")
+            get(url + "api/checkpoints/999999", token)
         seen["missing"] = (e.value.code, json.loads(e.value.read())["error"])
         return True
 
     chaos = KillOnCheckpoints([4], seed=3)
     res = flow.run(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_interval=0.1, checkpoint_timeout=0.5,
-                   tolerable_failed_checkpoints=None, channel_buffer=16384, dashboard=0, stop_when=stop_when,
-                   chaos=chaos)
+                   tolerable_failed_checkpoints=None, channel_buffer=16384, dashboard=0, dashboard_token=TOKEN,
+                   stop_when=stop_when, chaos=chaos)
     assert res.cancelled and seen, "the job ended before it had a restart, a failed checkpoint and a restore"
+    assert seen["printed"].endswith(f"/?token={TOKEN}")  # the user's token, not a random one
     completed, checkpoints, failed, recoveries, restored_from, failures = seen["result"]
     job, cps = seen["job"], seen["cps"]
 
@@ -134,13 +163,101 @@ def test_port_in_use_and_foreign_hosts_are_refused(tmp_path) -> None:  # type: i
         with pytest.raises(DashboardError, match="pass another port, or 0"):
             Dashboard(tr, "127.0.0.1", taken.getsockname()[1])
     with Dashboard(tr, "127.0.0.1", 0) as board:
-        port = int(board.url.rsplit(":", 1)[1].strip("/"))
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        conn.request("GET", "/api/job", headers={"Host": "attacker.example"})  # DNS rebinding
-        assert conn.getresponse().status == 400
-        conn.close()
-        assert get(board.url + "api/job")["name"] == "t"
-        assert "abs_engine_checkpoints_in_progress" in get(board.url + "metrics")
+        url, token = split(board.url)
+        port = urllib.parse.urlsplit(url).port or 0
+        # DNS rebinding: refused on its Host, even with the token
+        assert raw(port, "/api/job", {"Host": "attacker.example", "Authorization": f"Bearer {token}"})[0] == 400
+        assert get(url + "api/job", token)["name"] == "t"
+
+
+#: Every route the dashboard serves: the page, the API, the metrics, the page's files.
+ROUTES = ["/", "/api/job", "/api/checkpoints", "/api/checkpoints/1", "/metrics", "/static/app.js",
+          "/static/vendor/uPlot.iife.min.js"]
+
+
+def test_every_route_needs_the_token(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tr = JobTracker(plan(tmp_path), "aligned", 1.0, Clock())
+    with Dashboard(tr, "127.0.0.1", 0) as board, Dashboard(tr, "127.0.0.1", 0) as other:
+        url, token = split(board.url)
+        port = urllib.parse.urlsplit(url).port or 0
+        assert len(token) >= 32 and token != split(other.url)[1]  # token_urlsafe(24): random per dashboard
+        cookie = cookie_name(port)
+        wrong = split(other.url)[1]  # a real token, of another job
+        refused = {
+            "none": {},
+            "wrong bearer": {"Authorization": f"Bearer {wrong}"},
+            "basic, not bearer": {"Authorization": f"Basic {token}"},
+            "wrong cookie": {"Cookie": f"{cookie}={wrong}"},
+            "another port's cookie": {"Cookie": f"{cookie_name(port + 1)}={token}"},
+        }
+        for path in ROUTES:
+            for why, headers in refused.items():
+                status, head, body = raw(port, path, headers)
+                assert status == 401, (path, why, status)
+                assert "open the address the job printed" in body and token not in body and wrong not in body
+                assert head["WWW-Authenticate"].startswith("Bearer") and "Set-Cookie" not in head
+            sep = "&" if "?" in path else "?"
+            for bad in (wrong, "", "%C3%A9%FF"):  # another's, empty, not even ASCII: 401, never a 500
+                assert raw(port, f"{path}{sep}token={bad}")[0] == 401, (path, bad)
+
+        # Bearer (scripts, Prometheus) on every route
+        bearer = {"Authorization": f"Bearer {token}"}
+        for path in ROUTES:
+            assert raw(port, path, bearer)[0] == (404 if path == "/api/checkpoints/1" else 200), path
+        assert "abs_engine_checkpoints_in_progress" in get(url + "metrics", token)
+        assert raw(port, "/api/job", {"Authorization": f"bearer  {token} "})[0] == 200  # the scheme is any case
+
+        # the printed address: 303 to the same place without the token, setting the cookie
+        assert board.url == f"{url}?token={token}"
+        status, head, body = raw(port, "/?token=" + token)
+        assert status == 303 and head["Location"] == "/" and token not in head["Location"]
+        set_cookie = head["Set-Cookie"]
+        assert set_cookie.startswith(f"{cookie}={token};")
+        assert {"httponly", "path=/", "samesite=strict"} <= {a.strip().lower() for a in set_cookie.split(";")}
+        status, head, _ = raw(port, f"/static/app.css?v=2&token={token}&x=%2F")  # other parameters stay
+        assert status == 303 and head["Location"] == "/static/app.css?v=2&x=%2F"
+        status, head, _ = raw(port, f"//elsewhere.example/?token={token}")
+        assert status == 303 and head["Location"] == "/elsewhere.example/"  # never a //host redirect
+
+        # the cookie then works on every route; the page is the page
+        jar = {"Cookie": f"other=1; {cookie}={token}"}
+        status, _, page = raw(port, "/", jar)
+        assert status == 200 and "<title>abs-engine job</title>" in page
+        assert json.loads(raw(port, "/api/job", jar)[2])["name"] == "t"
+        assert all(raw(port, path, jar)[0] in (200, 404) for path in ROUTES)
+        # scripts may put it in the query: the API answers, no redirect
+        status, _, body = raw(port, "/api/job?token=" + token)
+        assert status == 200 and json.loads(body)["name"] == "t"
+        assert raw(port, "/metrics?token=" + token)[0] == 200
+
+
+def test_the_printed_address_opens_like_a_page(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A client with a cookie jar, as a browser: it opens the printed address, lands on the
+    page without the token, and with the cookie alone loads the page's files and the API."""
+    tr = JobTracker(plan(tmp_path), "aligned", 1.0, Clock())
+    with Dashboard(tr, "127.0.0.1", 0) as board:
+        url, token = split(board.url)
+        jar = http.cookiejar.CookieJar()
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        with browser.open(board.url, timeout=10) as r:
+            assert r.url == url and "<title>abs-engine job</title>" in (page := r.read().decode())
+        assert [(c.name, c.value) for c in jar] == [(cookie_name(board.sock.getsockname()[1]), token)]
+        files = re.findall(r'(?:href|src)="(static/[^"]+)"', page)
+        assert "static/app.js" in files and "static/vendor/uPlot.iife.min.js" in files
+        for path in files + ["api/job", "api/checkpoints"]:  # what the page loads and polls, relative to it
+            with browser.open(url + path, timeout=10) as r:
+                assert r.status == 200 and "token" not in r.url, path
+
+
+def test_a_fixed_token(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tr = JobTracker(plan(tmp_path), "aligned", 1.0, Clock())
+    with Dashboard(tr, "127.0.0.1", 0, token=TOKEN) as board:
+        url, token = split(board.url)
+        assert token == TOKEN
+        assert get(url + "api/job", TOKEN)["name"] == "t"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            get(url + "api/job", TOKEN + "x")  # a longer one is wrong too
+        assert e.value.code == 401
 
 
 def stalls_then_fails_once(marker: str):  # type: ignore[no-untyped-def]
@@ -165,7 +282,11 @@ def test_a_checkpoint_aborted_by_a_failover_keeps_its_id(tmp_path) -> None:  # t
     res = flow.run(checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.05, restart_delay=0)
     assert res.restarts == 1
     aborted = [s for s in res.failed_checkpoints if s.failure.startswith("job failover")]
-    assert aborted and "failing once" in aborted[0].failure and aborted[0].attempt == 0
+    # Its reason names the task, the operator and the exception's type; the exception's
+    # message (it may hold a record's data) stays in the driver's log and JobResult.failures.
+    assert aborted and "operator 'f'" in aborted[0].failure and "RuntimeError" in aborted[0].failure
+    assert "failing once" not in aborted[0].failure and "failing once" in res.failures[0]
+    assert aborted[0].attempt == 0
     after = [s.checkpoint_id for s in res.checkpoints if s.attempt == 1]
     assert after and min(after) > max(s.checkpoint_id for s in aborted)
     ids = [s.checkpoint_id for s in res.checkpoints + res.failed_checkpoints]
