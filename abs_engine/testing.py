@@ -3,6 +3,9 @@
 - ``TestingSource(items)``: a replayable in-memory source; offsets are list indices.
   Put ``TestingSource.ABORT`` in the list to crash the worker (SIGKILL of itself) the
   first time that point is reached, in the job's first attempt.
+- ``GatedSource(inner, gate, after)``: ``inner``'s records, but each subtask holds (reads
+  nothing, still takes checkpoints) after ``after`` records until the file ``gate`` exists:
+  a job a test stops half-way (``stop_when``) can never finish first, whatever its speed.
 - ``CapturingSink(directory)``: an exactly-once sink (two-phase commit, like FileSink)
   whose committed records you read back with ``records()``.
 - ``fail_at(n, kind)``: a map function that raises (or SIGKILLs its own worker) at the
@@ -19,7 +22,8 @@ from __future__ import annotations
 import os
 import random
 import signal
-from typing import Any, Callable, Iterable, TypeVar
+import time
+from typing import Any, Callable, Generic, Iterable, TypeVar
 
 from operators.base import OperatorContext, Source
 from operators.files import FileSink
@@ -92,6 +96,61 @@ class TestingSource(Source[T]):
         p_old = len(old)
         absolute = [k + s * p_old if isinstance(s, int) else s for k, s in enumerate(old)]
         return Progressions.rescale(len(self.items), absolute, p_old, index, parallelism)
+
+
+class GatedSource(Source[T], Generic[T]):
+    """``inner``'s records; each subtask holds after ``after`` of them until ``gate`` (a file
+    path) exists: it reads nothing meanwhile, but answers triggers, so checkpoints go on.
+    The offsets are ``inner``'s (a rescale uses its rule); open the gate before a run that
+    must read to the end."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, inner: Source[T], gate: str | os.PathLike[str], after: int):
+        self.inner, self.gate, self.after = inner, os.fspath(gate), after
+        self.read = 0
+
+    @property
+    def spark_slots(self) -> int:  # a SparkSource inside keeps its reservation (run_job)
+        return int(getattr(self.inner, "spark_slots", 0))
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self.inner.open(ctx)
+
+    def check(self) -> None:
+        self.inner.check()
+
+    def driver_start(self) -> None:
+        self.inner.driver_start()
+
+    def driver_stop(self) -> None:
+        self.inner.driver_stop()
+
+    def read_batch(self) -> list[T] | None:
+        if self.read >= self.after and not os.path.exists(self.gate):
+            time.sleep(0.005)  # an idle source polls (as Endless sources do); not synchronisation
+            return []
+        batch = self.inner.read_batch()
+        self.read += len(batch or ())
+        return batch
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        return {"inner": self.inner.snapshot(checkpoint_id), "read": self.read}
+
+    def restore(self, state: Any) -> None:
+        self.inner.restore(state["inner"])
+        self.read = int(state["read"])
+
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Any) -> Any:
+        inner = self.inner.rescale_state([s["inner"] if s else None for s in old], index, parallelism, owns)
+        return {"inner": inner, "read": max((int(s["read"]) for s in old if s), default=0)}
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.inner.notify_checkpoint_complete(checkpoint_id)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def _msgpack_line(record: Any) -> str:

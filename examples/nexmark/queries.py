@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from abs_engine import Dataflow
-from operators import Sink
+from operators import Sink, Source
 from operators.nexmark import AUCTION, BID, DEFAULT_RATE, PERSON, NexmarkSource, events
 
 from .windowed import build_q5, build_q7, build_q8, oracle_q5, oracle_q7, oracle_q8
@@ -68,35 +68,38 @@ def q3_join(state: Any, e: Event) -> tuple[Any, list[Event]]:
     return [person, [*waiting, e[1]]], []
 
 
-def _source(flow: Dataflow, count: int, parallelism: int, seed: int, rate: int) -> Any:
-    return flow.source(NexmarkSource(count, seed, rate), "nexmark", parallelism=parallelism)
+def _source(flow: Dataflow, count: int, parallelism: int, seed: int, rate: int, source: Source[Event] | None) -> Any:
+    """The Nexmark stream (``source``: the same events from elsewhere, e.g. a test's gated
+    source, as in windowed.py)."""
+    return flow.source(source if source is not None else NexmarkSource(count, seed, rate), "nexmark",
+                       parallelism=parallelism)
 
 
 def build_q0(count: int, sink: Sink, parallelism: int = 2, seed: int = 0,
-             rate: int = DEFAULT_RATE) -> Dataflow:
+             rate: int = DEFAULT_RATE, source: Source[Event] | None = None) -> Dataflow:
     flow = Dataflow("nexmark-q0", parallelism=parallelism)
-    _source(flow, count, parallelism, seed, rate).filter(is_bid, "bids").sink(sink, "out", parallelism=1)
+    _source(flow, count, parallelism, seed, rate, source).filter(is_bid, "bids").sink(sink, "out", parallelism=1)
     return flow
 
 
 def build_q1(count: int, sink: Sink, parallelism: int = 2, seed: int = 0,
-             rate: int = DEFAULT_RATE) -> Dataflow:
+             rate: int = DEFAULT_RATE, source: Source[Event] | None = None) -> Dataflow:
     flow = Dataflow("nexmark-q1", parallelism=parallelism)
-    _source(flow, count, parallelism, seed, rate).filter(is_bid, "bids").map(to_euro, "euro").sink(sink, "out", parallelism=1)
+    _source(flow, count, parallelism, seed, rate, source).filter(is_bid, "bids").map(to_euro, "euro").sink(sink, "out", parallelism=1)
     return flow
 
 
 def build_q2(count: int, sink: Sink, parallelism: int = 2, seed: int = 0,
-             rate: int = DEFAULT_RATE) -> Dataflow:
+             rate: int = DEFAULT_RATE, source: Source[Event] | None = None) -> Dataflow:
     flow = Dataflow("nexmark-q2", parallelism=parallelism)
-    _source(flow, count, parallelism, seed, rate).filter(q2_pick, "pick").map(q2_project, "project").sink(sink, "out", parallelism=1)
+    _source(flow, count, parallelism, seed, rate, source).filter(q2_pick, "pick").map(q2_project, "project").sink(sink, "out", parallelism=1)
     return flow
 
 
 def build_q3(count: int, sink: Sink, parallelism: int = 2, seed: int = 0,
-             rate: int = DEFAULT_RATE) -> Dataflow:
+             rate: int = DEFAULT_RATE, source: Source[Event] | None = None) -> Dataflow:
     flow = Dataflow("nexmark-q3", parallelism=parallelism)
-    (_source(flow, count, parallelism, seed, rate).filter(q3_side, "sides").key_by(q3_key)
+    (_source(flow, count, parallelism, seed, rate, source).filter(q3_side, "sides").key_by(q3_key)
      .stateful_map(q3_join, "join").flat_map(lambda kv: kv[1], "results").sink(sink, "out", parallelism=1))
     return flow
 

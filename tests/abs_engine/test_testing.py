@@ -15,8 +15,9 @@ import pytest
 
 from abs_engine import Dataflow
 from abs_engine.checkpoint.storage import CheckpointStorage
-from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
+from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints, TestingSource
 from operators import Source
+from operators.base import OperatorContext
 from tests.chaos_checks import assert_each_kill_restored
 
 
@@ -122,3 +123,18 @@ def test_the_restore_check_fails_for_an_engine_that_restarts_from_scratch(tmp_pa
     assert res.kills == 2 and res.restored_from == []
     with pytest.raises(AssertionError):
         assert_each_kill_restored(res, chaos, min_kills=1)
+
+
+def test_gated_source_holds_until_its_gate_opens(tmp_path):
+    gate = tmp_path / "gate"
+    src = GatedSource(TestingSource(range(10), batch_size=3), gate, after=4)
+    src.open(OperatorContext("read", 0, 1, 0, False))
+    assert src.read_batch() == [0, 1, 2] and src.read_batch() == [3, 4, 5]  # past `after`: held from here
+    assert src.read_batch() == [] and src.read_batch() == []
+    state = src.snapshot(1)
+    gate.touch()
+    assert src.read_batch() == [6, 7, 8]
+    again = GatedSource(TestingSource(range(10), batch_size=3), gate, after=4)
+    again.open(OperatorContext("read", 0, 1, 1, True))
+    again.restore(state)
+    assert again.read_batch() == [6, 7, 8] and again.read_batch() == [9] and again.read_batch() is None

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from abs_engine.testing import CapturingSink, KillOnCheckpoints
+from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints
+from operators.nexmark import DEFAULT_RATE, NexmarkSource
 from examples.nexmark.queries import EVENT_TIME, QUERIES, canonical
 from tests.chaos_checks import assert_each_kill_restored
 
@@ -40,14 +41,20 @@ def test_query_exactly_once_under_sigkill(tmp_path, query, parallelism):
 def test_keyed_state_rescales(tmp_path, query):
     """Cancel the query at parallelism 2 after three checkpoints (q3's join holds persons and
     waiting auctions; q5's two window stages hold windows, timers and watermarks), resume it
-    at parallelism 3: the results are exactly the oracle's."""
+    at parallelism 3: the results are exactly the oracle's. The first run holds each source
+    subtask half-way until the test opens the gate, so it is always stopped mid-job."""
     build, oracle = QUERIES[query]
-    sink = CapturingSink(tmp_path / "out")
-    first = build(EVENTS, sink, 2, 5, **rate_of(query)).run(
+    sink, gate = CapturingSink(tmp_path / "out"), tmp_path / "gate"
+
+    def held() -> GatedSource[list[object]]:  # the events the query would generate itself
+        return GatedSource(NexmarkSource(EVENTS, 5, rate_of(query).get("rate", DEFAULT_RATE)), gate, after=EVENTS // 4)
+
+    first = build(EVENTS, sink, 2, 5, **rate_of(query), source=held()).run(
         checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck1"), stop_when=lambda r: r.checkpoints_completed >= 3)
     assert first.cancelled and first.checkpoints_completed >= 3
     latest = first.checkpoints[-1].checkpoint_id
-    res = build(EVENTS, sink, 3, 5, **rate_of(query)).run(checkpoint_interval=0.05,
-                                                          checkpoint_dir=str(tmp_path / "ck1"), resume=True)
+    gate.touch()
+    res = build(EVENTS, sink, 3, 5, **rate_of(query), source=held()).run(
+        checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck1"), resume=True)
     assert res.restored_from and res.restored_from[0] == latest
     assert canonical(sink.records()) == canonical(oracle(EVENTS, 5, **rate_of(query)))

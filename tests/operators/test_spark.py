@@ -12,7 +12,7 @@ import cloudpickle
 import pytest
 
 from abs_engine import Dataflow, InputError, JobFailed
-from abs_engine.testing import KillOnCheckpoints, fastest_run
+from abs_engine.testing import GatedSource, KillOnCheckpoints, fastest_run
 from operators import FileSink
 from operators.base import OperatorContext
 from operators.parquet import ParquetSink
@@ -139,14 +139,17 @@ def test_resume_after_input_files_changed_fails_clearly(spark, text_dir, tmp_pat
     d = tmp_path / "in"
     shutil.copytree(text_dir, d)
     ck, out = str(tmp_path / "ck"), str(tmp_path / "out.tsv")
-    res = wordcount(SparkSource.text(str(d), spark=spark), FileSink(out)).run(
+    def held() -> GatedSource[str]:  # the first run is stopped mid-job, always
+        return GatedSource(SparkSource.text(str(d), spark=spark), tmp_path / "gate", after=1)
+
+    res = wordcount(held(), FileSink(out)).run(
         checkpoint_interval=0.05, checkpoint_dir=ck, stop_when=lambda r: len(r.checkpoints) >= 2)
     assert res.cancelled
+    (tmp_path / "gate").touch()
     with open(d / "part-0.txt", "a") as f:
         f.write("an extra line\n")
     with pytest.raises(JobFailed, match="no longer matches the DataFrame"):
-        wordcount(SparkSource.text(str(d), spark=spark), FileSink(out)).run(
-            checkpoint_interval=0.05, checkpoint_dir=ck, resume=True)
+        wordcount(held(), FileSink(out)).run(checkpoint_interval=0.05, checkpoint_dir=ck, resume=True)
 
 
 def test_streaming_source_counts_each_batch_once_under_kills(spark, text_dir, tmp_path):
