@@ -25,7 +25,7 @@ import signal
 import time
 from typing import Any, Callable, Generic, Iterable, TypeVar
 
-from operators.base import OperatorContext, Source
+from operators.base import OperatorContext, Source, WrappingSource
 from operators.files import FileSink
 from operators.generators import Progressions
 
@@ -98,7 +98,7 @@ class TestingSource(Source[T]):
         return Progressions.rescale(len(self.items), absolute, p_old, index, parallelism)
 
 
-class GatedSource(Source[T], Generic[T]):
+class GatedSource(WrappingSource[T], Generic[T]):
     """``inner``'s records; each subtask holds after ``after`` of them until ``gate`` (a file
     path) exists: it reads nothing meanwhile, but answers triggers, so checkpoints go on.
     The offsets are ``inner``'s (a rescale uses its rule); open the gate before a run that
@@ -107,25 +107,9 @@ class GatedSource(Source[T], Generic[T]):
     __test__ = False  # not a pytest test class
 
     def __init__(self, inner: Source[T], gate: str | os.PathLike[str], after: int):
-        self.inner, self.gate, self.after = inner, os.fspath(gate), after
+        super().__init__(inner)
+        self.gate, self.after = os.fspath(gate), after
         self.read = 0
-
-    @property
-    def spark_slots(self) -> int:  # a SparkSource inside keeps its reservation (run_job)
-        return int(getattr(self.inner, "spark_slots", 0))
-
-    def open(self, ctx: OperatorContext) -> None:
-        super().open(ctx)
-        self.inner.open(ctx)
-
-    def check(self) -> None:
-        self.inner.check()
-
-    def driver_start(self) -> None:
-        self.inner.driver_start()
-
-    def driver_stop(self) -> None:
-        self.inner.driver_stop()
 
     def read_batch(self) -> list[T] | None:
         if self.read >= self.after and not os.path.exists(self.gate):
@@ -145,12 +129,6 @@ class GatedSource(Source[T], Generic[T]):
     def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Any) -> Any:
         inner = self.inner.rescale_state([s["inner"] if s else None for s in old], index, parallelism, owns)
         return {"inner": inner, "read": max((int(s["read"]) for s in old if s), default=0)}
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self.inner.notify_checkpoint_complete(checkpoint_id)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def _msgpack_line(record: Any) -> str:

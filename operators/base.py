@@ -314,6 +314,38 @@ class Source(Guarded, ABC, Generic[T]):
         pass
 
 
+class WrappingSource(Source[T], Generic[T]):
+    """A source around another, ``inner``, that changes what it reads (event time, a
+    test's gate): the rest of the source protocol is ``inner``'s (a SparkSource inside keeps
+    its Spark slots). Subclasses implement ``read_batch``, ``snapshot`` and ``restore``."""
+
+    def __init__(self, inner: Source[T]):
+        self.inner = inner
+
+    @property
+    def spark_slots(self) -> int:
+        return int(getattr(self.inner, "spark_slots", 0))
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self.inner.open(ctx)
+
+    def check(self) -> None:
+        self.inner.check()
+
+    def driver_start(self) -> None:
+        self.inner.driver_start()
+
+    def driver_stop(self) -> None:
+        self.inner.driver_stop()
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.inner.notify_checkpoint_complete(checkpoint_id)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class Sink(Operator):
     """An operator at the end of the graph: it emits nothing downstream."""
 

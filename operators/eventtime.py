@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generic
 
-from .base import OperatorContext, Owns, Source, T, check_on_error, function_label
+from .base import OperatorContext, Owns, Source, T, WrappingSource, check_on_error, function_label
 
 MIN_WATERMARK = float("-inf")
 MAX_WATERMARK = float("inf")
@@ -60,13 +60,13 @@ def ascending(idle_timeout: float | None = None) -> BoundedOutOfOrderness:
     return BoundedOutOfOrderness(0, idle_timeout)
 
 
-class EventTimeSource(Source[T], Generic[T]):
+class EventTimeSource(WrappingSource[T], Generic[T]):
     """``inner`` with a watermark: see the module docstring. The task asks ``emit_status``
     after every read (and while the source has nothing) what to send downstream."""
 
     def __init__(self, inner: Source[T], timestamps: TimestampFn, strategy: BoundedOutOfOrderness,
                  on_error: str = "fail"):
-        self.inner = inner
+        super().__init__(inner)
         self.timestamps = timestamps
         self.strategy = strategy
         self.on_error = check_on_error(on_error)
@@ -75,27 +75,11 @@ class EventTimeSource(Source[T], Generic[T]):
         self.sent: float | None = MIN_WATERMARK  #: the last status sent: a watermark, or None (idle)
         self.last_record = 0.0
 
-    # -- the source protocol, delegated ----------------------------------------------------
+    # -- the source protocol: the rest is the inner source's (WrappingSource) ---------------
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
-        self.inner.open(ctx)
         self.last_record = time.monotonic()
-
-    def check(self) -> None:
-        self.inner.check()
-
-    def driver_start(self) -> None:
-        self.inner.driver_start()
-
-    def driver_stop(self) -> None:
-        self.inner.driver_stop()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self.inner.notify_checkpoint_complete(checkpoint_id)
 
     def read_batch(self) -> list[T] | None:
         batch = self.inner.read_batch()
