@@ -159,13 +159,11 @@ def test_a_request_header_announcing_1_5_gib_is_refused_without_buffering(served
     like it), and keeps serving."""
     peak_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with authenticated(served, timeout=5) as sock:
-        t0 = time.monotonic()
+        # The answer comes before the socket's 5 s timeout: the server never waits for the body.
         sock.sendall(codec.HEADER.pack(1536 << 20, CONTROL))
         reply = frames(recv_all(sock))
-        elapsed = time.monotonic() - t0
         assert [k for k, _ in reply] == [ERROR]
         assert "exceeds the maximum" in codec.unpack(reply[0][1])
-        assert elapsed < 2.0
         pushed, chunk = 0, bytes(1 << 20)
         with pytest.raises(OSError):  # EPIPE / ECONNRESET: nobody reads any more
             while pushed < (512 << 20):

@@ -232,15 +232,16 @@ def test_under_backpressure_unaligned_checkpoints_take_milliseconds_where_aligne
     assert all(c.mode == "unaligned" and c.unaligned_tasks > 0 for c in unaligned), report
     assert sum(c.inflight_records > 0 for c in unaligned) >= len(unaligned) / 2, \
         f"most unaligned checkpoints held nothing in flight: there was no backlog ({report})"
-    # The aligned barrier waited out seconds of queued work; the unaligned one did not.
+    # The aligned barrier waited out seconds of queued work; the unaligned one did not. Only
+    # the aligned side has a floor (the slow stage's work); the unaligned side is compared
+    # with it, measured side by side, never with a fixed figure a busy machine may miss.
     assert median_ms(aligned) >= 1000, report
-    assert median_ms(unaligned) < 100, report
-    assert median_ms(unaligned) <= median_ms(aligned) / 10, report
+    assert median_ms(unaligned) <= median_ms(aligned) / 8, report
     # Where the aligned checkpoints' time went: their barriers queued behind the backlog
     # (the start delay: trigger to a task's first barrier), which unaligned ones overtake.
     queued = statistics.median(c.max_start_delay_ms for c in aligned)
     assert queued >= median_ms(aligned) / 2, (queued, report)
-    assert statistics.median(c.max_start_delay_ms for c in unaligned) < 100, report
+    assert statistics.median(c.max_start_delay_ms for c in unaligned) <= queued / 8, report
 
 
 def test_aligned_timeout_switches_a_backpressured_alignment_to_unaligned(tmp_path, aligned_run):
@@ -358,5 +359,6 @@ def test_a_source_blocked_in_a_send_does_not_hold_up_an_unaligned_checkpoint(tmp
     assert statistics.median(shares) <= 0.2, report
     assert 2 * median_ms(unaligned) <= aligned_ms, report
     # The blocked send returned, and the source took the trigger, right after the cut: the
-    # consumer's read-ahead released it (without it: somewhere in the next ~0.6 s).
-    assert statistics.median(unblocked_after) < 100, report
+    # consumer's read-ahead released it (without it: somewhere in the next ~0.6 s, against an
+    # aligned checkpoint of 1 s or more).
+    assert statistics.median(unblocked_after) <= aligned_ms / 4, report
