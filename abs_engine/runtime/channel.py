@@ -20,13 +20,16 @@ import selectors
 import socket
 import time
 from collections import deque
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .. import auth, codec
 from ..errors import ProtocolError, ProtocolErrorReason
 from ..tls import Material
 from ..wire import Wire, as_wire
 from .overflow import REFILL, BackEdgeSpill
+
+if TYPE_CHECKING:
+    from .memory import MemoryLink
 
 RECV_SIZE = 1 << 20
 
@@ -49,21 +52,10 @@ def tune(sock: socket.socket, buffer: int = 0) -> None:
 class OutputChannel:
     __slots__ = ("id", "wire", "sock", "while_blocked", "records", "send_s", "sending_since")
 
-    def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes,
-                 timeout: float = auth.HANDSHAKE_TIMEOUT, material: Material | None = None, buffer: int = 0):
+    def __init__(self, channel_id: str, wire: Wire | MemoryLink):
         self.id = channel_id
-        # The consumer answers once it runs its accept loop (after restoring its state):
-        # wait for it as long as start-up may take.
-        self.wire = Wire.connect(address, material, timeout)
-        self.sock = self.wire.sock
-        tune(self.sock, buffer)
-        try:
-            auth.client_handshake(self.wire, secret, timeout)
-            self.sock.settimeout(None)
-            self.wire.sendall(codec.frame(codec.FrameKind.HELLO, codec.pack(channel_id)))
-        except BaseException:
-            self.sock.close()
-            raise
+        self.wire = wire
+        self.sock: socket.socket | None = wire.sock  #: None over memory: sends never block there
         #: Set on tasks with back-edge inputs: called with this socket while a send would
         #: block; it waits until the socket is writable while draining the back-edges, so a
         #: loop of full channels cannot deadlock.
@@ -73,6 +65,25 @@ class OutputChannel:
         #: and waiting while it is full, i.e. backpressure (the dashboard's share of time).
         self.send_s = 0.0
         self.sending_since = 0.0  #: perf_counter() the send in progress began (0.0: none)
+
+    @classmethod
+    def connect(cls, channel_id: str, address: tuple[str, int], secret: bytes,
+                timeout: float = auth.HANDSHAKE_TIMEOUT, material: Material | None = None,
+                buffer: int = 0) -> "OutputChannel":
+        """Connect to the consumer, authenticate and say HELLO with the channel's id."""
+        # The consumer answers once it runs its accept loop (after restoring its state):
+        # wait for it as long as start-up may take.
+        wire = Wire.connect(address, material, timeout)
+        sock = wire.sock
+        tune(sock, buffer)
+        try:
+            auth.client_handshake(wire, secret, timeout)
+            sock.settimeout(None)
+            wire.sendall(codec.frame(codec.FrameKind.HELLO, codec.pack(channel_id)))
+        except BaseException:
+            sock.close()
+            raise
+        return cls(channel_id, wire)
 
     def send(self, data: bytes) -> None:
         started = self.sending_since = time.perf_counter()
@@ -89,11 +100,11 @@ class OutputChannel:
         return self.send_s + (now - since if since else 0.0)
 
     def _send(self, data: bytes) -> None:
-        if self.while_blocked is None:
+        sock = self.sock
+        if self.while_blocked is None or sock is None:
             self.wire.sendall(data)
             return
         view = memoryview(self.wire.seal(data))
-        sock = self.sock
         sock.setblocking(False)
         try:
             while view:
@@ -109,7 +120,7 @@ class OutputChannel:
 
     def close(self) -> None:
         try:
-            self.sock.close()
+            self.wire.close()
         except OSError:
             pass
 
@@ -126,10 +137,11 @@ class InputChannel:
     __slots__ = ("id", "wire", "sock", "reader", "back_edge", "ended", "records", "ahead", "ahead_stopped",
                  "ahead_bytes", "spill")
 
-    def __init__(self, channel_id: str, conn: Wire | socket.socket, reader: codec.FrameReader, back_edge: bool):
+    def __init__(self, channel_id: str, conn: Wire | MemoryLink | socket.socket, reader: codec.FrameReader,
+                 back_edge: bool):
         self.id = channel_id
-        self.wire = as_wire(conn)
-        self.sock = self.wire.sock
+        self.wire: Wire | MemoryLink = as_wire(conn) if isinstance(conn, socket.socket) else conn
+        self.sock: socket.socket | None = self.wire.sock  #: None over memory: nothing to select on
         self.reader = reader
         self.back_edge = back_edge
         self.ended = False

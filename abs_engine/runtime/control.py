@@ -9,13 +9,19 @@ first (wire.py); sends seal and write under the one lock, so frames go out in or
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections import deque
+
+from typing import TYPE_CHECKING
 
 from .. import auth, codec, messages
 from ..tls import Material
 from ..wire import Wire
 from .channel import RECV_SIZE
+
+if TYPE_CHECKING:
+    from .memory import MemoryLink
 
 
 CONNECT_TIMEOUT = 30.0  #: the driver accepts while it starts every worker of the attempt
@@ -26,19 +32,28 @@ class DriverGone(Exception):
 
 
 class ControlLink:
-    def __init__(self, address: tuple[str, int], secret: bytes, material: Material | None = None):
-        self.wire = Wire.connect(address, material, CONNECT_TIMEOUT)
-        self.sock = self.wire.sock
-        try:
-            auth.client_handshake(self.wire, secret, CONNECT_TIMEOUT)
-        except BaseException:
-            self.sock.close()
-            raise
-        self.sock.settimeout(None)
+    """Messages to and from the driver over one link (``over``): a socket's ``Wire`` in a
+    worker (``connect``), a ``memory.MemoryLink`` in the simulation."""
+
+    def __init__(self, wire: Wire | MemoryLink):
+        self.wire = wire
+        self.sock: socket.socket | None = wire.sock  #: None over memory: nothing to select on
         self.reader = codec.FrameReader()
         self.reader.feed(self.wire.take_rest())
         self._lock = threading.Lock()
         self.inbox: deque[messages.Message] = deque()
+
+    @classmethod
+    def connect(cls, address: tuple[str, int], secret: bytes, material: Material | None = None) -> "ControlLink":
+        """Connect to the driver and authenticate (auth.py) before anything else."""
+        wire = Wire.connect(address, material, CONNECT_TIMEOUT)
+        try:
+            auth.client_handshake(wire, secret, CONNECT_TIMEOUT)
+        except BaseException:
+            wire.sock.close()
+            raise
+        wire.sock.settimeout(None)
+        return cls(wire)
 
     def send(self, msg: messages.Message) -> None:
         data = messages.encode(msg)

@@ -1,4 +1,4 @@
-"""The run loop of one task: a chain of operators, its input and output channels.
+"""The protocol of one task: a chain of operators, its input and output channels.
 
 Invariants:
 - Records are processed a batch at a time; a batch crosses a process boundary as one
@@ -15,51 +15,45 @@ Invariants:
   thread -> acknowledgement. While a log waits on an input, that input is read ahead of
   processing up to its barrier, so the checkpoint completes when the bytes in flight have
   arrived, not when they have been processed (the point of unaligned checkpoints).
-- Back-edge inputs are always *read*, even while the task is blocked sending or a back-edge
-  is held: a loop of bounded channels cannot deadlock. What is read and not processed yet
-  is held in memory up to ``loop_memory`` (each back-edge its share, behind a reader of
-  1 MiB), then spills to disk and is read back in order (runtime/overflow.py); past
-  ``loop_disk`` spilled the task fails with LoopOverflow, naming the loop. A frame is
-  processed in batches of at most ``GATHER_MAX`` records, so an operator that emits more
-  than it takes in cannot grow batches (and the frames they become) trip after trip. An
-  input's frames are processed ``TURN`` seconds at a time, then the other inputs and the
-  control connection get a turn: a back-edge that never runs dry starves nothing.
+- Back-edge input past ``loop_memory`` spills to disk and is read back in order
+  (runtime/overflow.py); past ``loop_disk`` spilled the task fails with LoopOverflow,
+  naming the loop. A frame is processed in batches of at most ``GATHER_MAX`` records, so
+  an operator that emits more than it takes in cannot grow batches (and the frames they
+  become) trip after trip.
+- The task never reads a socket, a thread or the system clock itself: a driver hands it
+  frames (``take``), control messages (``on_control``) and source reads (``read_source``),
+  and it reads time from its ``clock``. The worker's driver is runtime/task_loop.py; the
+  deterministic simulation drives the same class over runtime/memory.py.
 - A task whose regular inputs have all ended is triggered directly by the coordinator;
   one that has finished (end of stream everywhere) emits nothing more.
 """
 
 from __future__ import annotations
 
-import selectors
-import time
 from collections import deque
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
-from operators.base import Operator, Source
+from operators.base import Operator
 from operators.eventtime import EventTimeSource
 
 from .. import codec, messages
 from ..checkpoint import spill
-from ..errors import FencedOut
 from ..plan import TaskSpec
 from . import snapshot_encoding
-from .increments import Increments
 from .alignment import BarrierAligner, CollectingBarriers, Outcome
+from .chain import Chain, record_repr
+from .channel import InputChannel
 from .channel_state import ChannelStateLog, Session
-from .channel import RECV_SIZE, InputChannel
+from .clock import SYSTEM, Clock
 from .control import ControlLink
+from .increments import Increments
+from .output import Output
 from .overflow import LoopBudget
-from .output import OperatorFailure, Output, operator_failure
-from .watchdog import Activity
 from .watermarks import MAX_WATERMARK, MIN_WATERMARK, Change, Step, WatermarkValve
-from .writer import SnapshotWriter
+from .writer import Job, SpillJob, Writer
 
-PROGRESS_EVERY = 0.5  # seconds between progress reports of a source
 GATHER_MAX = 8192  # records gathered from buffered frames before they are processed
-#: While frames keep a task busy, how often it looks at its control connection (a trigger
-#: of an unaligned checkpoint), reads ahead the inputs a log waits on, and checks the
-#: aligned timeout: the reaction time of an unaligned checkpoint, short of one batch.
-SERVICE_EVERY = 0.005
 #: With unaligned checkpoints possible, a gathered batch is kept to about this much work
 #: (measured per record), so a trigger waits for at most that: a slow stage's batch of
 #: GATHER_MAX records could otherwise hold the task for a second.
@@ -67,75 +61,66 @@ BATCH_WORK = 0.01
 #: Responsive, before a batch has been measured: a small first batch (a slow stage's first
 #: batch of GATHER_MAX records could hold up the job's first unaligned checkpoint).
 FIRST_BATCH = 64
-#: Seconds one input's frames are processed before the other inputs, the sockets and the
-#: control connection get a turn. An input that never runs dry (a back-edge whose backlog
-#: is larger than the loop can hold: it spills) would otherwise starve them: no barrier on
-#: a regular input, no trigger, would be read, and no checkpoint would complete.
-TURN = 0.05
 
-
-def _unregister(sel: selectors.BaseSelector, ch: InputChannel) -> None:
-    try:
-        sel.unregister(ch.sock)
-    except KeyError:
-        pass  # already unregistered (blocked, or ended)
-
-
-REPR_MAX = 200
-R = TypeVar("R")  #: what a call of operator code returns (``Task._call``)
-
-
-def record_repr(record: Any) -> str:
-    """A record for an error message: its repr, truncated."""
-    try:
-        text = repr(record)
-    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real failure
-        text = f"<{type(record).__name__} with a failing __repr__>"
-    return text if len(text) <= REPR_MAX else text[:REPR_MAX] + f"... ({len(text)} chars)"
+__all__ = ["GATHER_MAX", "LoopNotQuiet", "Task", "TaskOptions", "record_repr"]
 
 
 class LoopNotQuiet(Exception):
     """Records arrived on a back-edge after the loop was proven drained."""
 
 
+@dataclass(frozen=True)
+class TaskOptions:
+    """How a task checkpoints and bounds its memory (the job's options, from Deploy)."""
+
+    #: How snapshots are encoded: "auto", "fork" or "inline" (runtime/snapshot_encoding.py).
+    snapshot_encoding: str = "inline"
+    incremental: bool = False
+    #: Seconds an aligned checkpoint may spend aligning before it turns unaligned (None: never).
+    aligned_timeout: float | None = None
+    unaligned: bool = False
+    channel_state_memory: int | None = None
+    #: Back-edge input past ``loop_memory`` spills to disk, up to ``loop_disk`` (None:
+    #: memory without bound, as a loop of bounded channels needs; runtime/overflow.py).
+    loop_memory: int | None = None
+    loop_disk: int | None = None
+    loop_spill_dir: str | None = None
+    #: State files are named <task>.<tag>.state: a stale attempt's writer can never create
+    #: or clobber a file this attempt's metadata references.
+    file_tag: str = ""
+
+
 class Task:
+    """The protocol of one task, over its environment: it is handed each frame, control
+    message and source read by a driver (runtime/task_loop.py over sockets, the simulation
+    over memory), and decides what to process, log, snapshot and send. ``_park`` and
+    ``_unpark`` tell the driver an input is blocked by alignment or free again."""
+
     def __init__(
         self,
         spec: TaskSpec,
-        op_names: list[str],
-        ops: list[Operator],
-        source: Source[Any] | None,
-        source_name: str | None,
+        chain: Chain,
         outputs: list[Output],
         inputs: dict[str, InputChannel],
         control: ControlLink,
-        writer: SnapshotWriter,
-        checkpoint_dir: str,
+        writer: Writer,
+        options: TaskOptions = TaskOptions(),
+        *,
         replay: list[tuple[int, list[Any]]] | None = None,
         restored_finished: bool = False,
-        activity: Activity | None = None,
-        file_tag: str = "",
-        snapshot_encoding_mode: str = "inline",
-        incremental: bool = False,
-        aligned_timeout: float | None = None,
-        unaligned: bool = False,
-        channel_state_memory: int | None = None,
-        loop_memory: int | None = None,
-        loop_disk: int | None = None,
-        loop_spill_dir: str | None = None,
+        clock: Clock = SYSTEM,
     ):
         self.spec = spec
-        self.op_names = op_names
-        self.ops = ops
-        self.source = source
-        self.source_name = source_name
+        self.chain = chain
+        self.op_names, self.ops = chain.names, chain.ops
+        self.source, self.source_name = chain.source, chain.source_name
+        self.activity = chain.activity  #: which operator's code runs, since when: read by the watchdog
         self.outputs = outputs
         self.inputs = inputs
         self.control = control
         self.writer = writer
-        self.checkpoint_dir = checkpoint_dir
-        #: How snapshots are encoded: "auto", "fork" or "inline" (runtime/snapshot_encoding.py).
-        self.encoding_mode = snapshot_encoding_mode
+        self.options = options
+        self.clock = clock
         self.replay = replay or []
         #: Restored from a snapshot taken after the task had finished: its final output is
         #: already in that checkpoint, so finish() must not run again; only end of stream does.
@@ -143,20 +128,18 @@ class Task:
         self.aligner = BarrierAligner(c.id for c in inputs.values() if not c.back_edge)
         self.back = [c for c in inputs.values() if c.back_edge]
         self.backlog = ChannelStateLog((c.id for c in self.back), (c.id for c in inputs.values() if not c.back_edge),
-                                       channel_state_memory)
-        #: Back-edge input past ``loop_memory`` spills to disk, up to ``loop_disk`` (None:
-        #: memory without bound, as a loop of bounded channels needs; runtime/overflow.py).
+                                       options.channel_state_memory)
         self.loop_budget: LoopBudget | None = None
-        if self.back and loop_memory is not None:
-            self.loop_budget = LoopBudget(spec.id, op_names[0] if op_names else spec.chain, (c.id for c in self.back),
-                                          loop_memory, loop_disk, loop_spill_dir, self._back_edge_memory)
+        if self.back and options.loop_memory is not None:
+            self.loop_budget = LoopBudget(spec.id, chain.names[0] if chain.names else spec.chain,
+                                          (c.id for c in self.back), options.loop_memory, options.loop_disk,
+                                          options.loop_spill_dir, self._back_edge_memory)
             for c in self.back:
                 c.spill = self.loop_budget.channel(c.id)
-        #: Seconds an aligned checkpoint may spend aligning before it turns unaligned (None: never).
-        self.aligned_timeout = aligned_timeout
+        self.aligned_timeout = options.aligned_timeout
         #: Unaligned checkpoints can happen: look at the control connection between frames.
-        self.responsive = unaligned or aligned_timeout is not None
-        self._sel: selectors.BaseSelector | None = None
+        self.responsive = options.unaligned or options.aligned_timeout is not None
+        #: Inputs blocked by an alignment in progress (parked with the driver).
         self._blocked: list[InputChannel] = []
         #: Records gathered before they are processed: GATHER_MAX, or (responsive) what
         #: BATCH_WORK allows at the measured seconds per record.
@@ -167,6 +150,8 @@ class Task:
         self.loop_ended = False
         self.paused = False  #: stop-the-world: a source reads nothing until Resume
         self.stop = False
+        #: Stopped with a savepoint: the driver holds every connection open until Shutdown.
+        self.await_shutdown = False
         self.records_in = 0
         self.records_out = 0
         self.blocked_since: float | None = None
@@ -174,80 +159,207 @@ class Task:
         #: Checkpoint id -> wall time its first barrier (or trigger) reached this task: the
         #: end of its start delay (Flink's), the time the barrier spent queued behind data.
         self.first_seen: dict[int, float] = {}
+        #: Inputs with frames to process, in the order they get a turn.
         self.runnable: deque[InputChannel] = deque()
         self.gathered: list[Any] = []
-        #: Which operator's code runs, since when: read by the watchdog thread.
-        self.activity = activity or Activity()
-        #: State files are named <task>.<tag>.state: a stale attempt's writer can never
-        #: create or clobber a file this attempt's metadata references.
-        self.file_tag = file_tag
         #: Incremental checkpoints: which file a snapshot builds on (runtime/increments.py).
-        self.increments = Increments(self._all_operators(), incremental)
+        self.increments = Increments(chain.all_operators(), options.incremental)
         #: What may skip records and must have them reported (``_report_skipped``): the
         #: source, operators and out-edges (key functions) whose on_error is "skip", and
         #: operators that report records they drop (a window's late records).
         self.skippers: list[tuple[str, Any]] = [
-            (n, g) for n, g in [*self._all_operators(), *((o.label, o) for o in outputs)]
+            (n, g) for n, g in [*chain.all_operators(), *((o.label, o) for o in outputs)]
             if getattr(g, "reports_skipped", False)]
         #: An out-edge's key function may skip records: reported as soon as ``_emit`` is done.
         self.edges_skip = any(getattr(o, "reports_skipped", False) for o in outputs)
-        if self.back:
-            for out in outputs:
-                for ch in out.channels:
-                    ch.while_blocked = self._drain_back_edges
         # Event time (runtime/watermarks.py): the regular inputs' watermarks, the operators
         # that act on one, and the last watermark they were given (never decreases).
         self.valve = WatermarkValve(c.id for c in inputs.values() if not c.back_edge)
-        self.event_source = source if isinstance(source, EventTimeSource) else None
+        self.event_source = chain.source if isinstance(chain.source, EventTimeSource) else None
         self.watermark = MIN_WATERMARK
-        self.watermark_ops = [(i, op) for i, op in enumerate(ops)
+        self.watermark_ops = [(i, op) for i, op in enumerate(chain.ops)
                               if type(op).on_watermark is not Operator.on_watermark]
         #: Operators with processing-time timers, and when the earliest is due (inf: none).
-        self.timed_ops: list[tuple[int, Any]] = [(i, op) for i, op in enumerate(ops) if callable(getattr(op, "next_processing_timer", None))]
+        self.timed_ops: list[tuple[int, Any]] = [(i, op) for i, op in enumerate(chain.ops)
+                                                 if callable(getattr(op, "next_processing_timer", None))]
         self.next_timer = MAX_WATERMARK
         # Side outputs (late records of a window): only a chain's tail can have them.
         self.main_outputs = [o for o in outputs if not o.side]
         self.side_outputs = [o for o in outputs if o.side]
-        self.side_op = ops[-1] if self.side_outputs and ops else None
+        self.side_op = chain.ops[-1] if self.side_outputs and chain.ops else None
+
+    # ---- what a driver calls ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Before any input: end of stream if restored finished, restored timers, and the
+        channel state of the restored checkpoint (records in flight at its cut: round a
+        loop, or on any input if it was unaligned), each batch into the operator it was
+        logged for."""
+        if self.restored_finished:
+            self._end_outputs()
+        if self.timed_ops:
+            self._schedule_timers()  # restored processing-time timers are due without a record
+        replay, self.replay = self.replay, []
+        for start, batch in replay:
+            if batch:
+                self.records_in += len(batch)
+                self._emit(self._process(batch, start))
+        if self.source is None:
+            self._maybe_finish()  # a task with no regular inputs at all
+
+    def read_source(self) -> None:
+        """One batch from the source through the chain (or end of input)."""
+        source = self.source
+        assert source is not None
+        # A timestamps function's RecordError names its record here (poison records).
+        batch = self.chain.call(self.source_name or "source", source.read_batch)
+        if batch is None:
+            if self.event_source is not None:
+                self._advance_watermark(MAX_WATERMARK)  # end of input: every window fires
+            self._finish()
+            return
+        if batch:
+            self.records_in += len(batch)
+            self._emit(self._process(batch, 0) if self.ops else batch)
+        if self.skippers:
+            self._report_skipped()  # the source's skips (a batch it emptied), the out-edges'
+        if self.event_source is not None:
+            self._source_status(bool(batch))
+        if self.timed_ops:
+            self._fire_timers()
+
+    def may_take(self, ch: InputChannel) -> bool:
+        """``ch``'s next frame may be processed now: it is not blocked by an alignment, nor
+        a back-edge held by its log."""
+        if ch.ended:
+            return False
+        return not self.backlog.is_held(ch.id) if ch.back_edge else not self.aligner.is_blocked(ch.id)
+
+    def take(self, ch: InputChannel) -> bool:
+        """Process ``ch``'s next buffered frame, if it may be (``may_take``) and has one."""
+        if not self.may_take(ch):
+            return False
+        frame = ch.next_frame()
+        if frame is None:
+            return False
+        self._on_frame(ch, frame[0], frame[1], frame[2])
+        return True
+
+    def flush(self) -> None:
+        """Process the records gathered from the buffered frames of all channels as one batch.
+
+        Invariant: called before any barrier or end of stream is handled, so every record
+        gathered is processed on the same side of a snapshot as it would be alone. Gathering
+        keeps batches large where hash exchanges split them (round a loop they would halve
+        on every trip)."""
+        if self.gathered:
+            batch, self.gathered = self.gathered, []
+            self.records_in += len(batch)
+            if not self.responsive:
+                self._emit(self._process(batch, 0))
+                return
+            clock = self.clock
+            began = clock.perf_counter()
+            self._emit(self._process(batch, 0))
+            per = (clock.perf_counter() - began) / len(batch)
+            self._per_record = per if not self._per_record else 0.8 * self._per_record + 0.2 * per
+            self.gather_max = max(1, min(GATHER_MAX, int(BATCH_WORK / max(self._per_record, 1e-9))))
+        if self.timed_ops and self.clock.time() >= self.next_timer:
+            self._fire_timers()  # a busy task's processing-time timers
+
+    def service(self) -> None:
+        """Between frames of a busy task: control messages, read-ahead, aligned timeout."""
+        if self.responsive:
+            for msg in self.control.poll():
+                self.on_control(msg)
+        if self.backlog.logging:
+            for ch in self.inputs.values():
+                if not ch.ended and not ch.ahead_stopped and self.backlog.waiting_on(ch.id):
+                    self._read_ahead(ch)
+        self.check_aligned_timeout()
+
+    def check_aligned_timeout(self) -> None:
+        st = self.aligner.state
+        if (self.aligned_timeout is not None and self.blocked_since is not None
+                and isinstance(st, CollectingBarriers)
+                and self.clock.perf_counter() - self.blocked_since >= self.aligned_timeout):
+            self._trigger_unaligned(st.checkpoint_id, set())
+
+    def alignment_deadline(self) -> float | None:
+        """perf_counter() time the alignment in progress turns unaligned (None: no such)."""
+        if self.aligned_timeout is None or self.blocked_since is None:
+            return None
+        return self.blocked_since + self.aligned_timeout
+
+    def on_input_readable(self, ch: InputChannel) -> None:
+        """``ch``'s bytes were moved into its reader: read ahead if a log waits on it."""
+        if self.backlog.logging and not ch.ahead_stopped and self.backlog.waiting_on(ch.id):
+            self._read_ahead(ch)
+
+    def on_control(self, msg: messages.Message) -> None:
+        if isinstance(msg, messages.Trigger):
+            # Sources are triggered by the coordinator; other tasks once their regular inputs
+            # ended, and every task for an unaligned checkpoint (Chandy and Lamport: a process
+            # may record its state at any moment, then logs what arrives before each marker).
+            if msg.checkpoint_id <= self.last_snapshot:
+                return
+            self._seen(msg.checkpoint_id)
+            if self.source is not None or self.finished or self.inputs_ended:
+                self.flush()
+                self._snapshot(msg.checkpoint_id, unaligned=msg.unaligned)
+            elif msg.unaligned:
+                self._trigger_unaligned(msg.checkpoint_id, set())
+        elif isinstance(msg, messages.Snapshot):
+            if msg.checkpoint_id > self.last_snapshot:
+                self._snapshot(msg.checkpoint_id, forward=False)
+        elif isinstance(msg, messages.Pause):
+            self.paused = True
+        elif isinstance(msg, messages.Resume):
+            self.paused = False
+        elif isinstance(msg, messages.CountRequest):
+            self.control.send(messages.Counts(
+                self.spec.id, msg.wave,
+                {ch.id: ch.records for out in self.outputs for ch in out.channels},
+                {ch.id: ch.records for ch in self.inputs.values()},
+            ))
+        elif isinstance(msg, messages.NotifyComplete):
+            self.increments.completed(msg.checkpoint_id)
+            self.chain.notify_complete(msg.checkpoint_id)
+            if msg.final or msg.stop:
+                self.writer.flush()
+                self.control.send(messages.Committed(self.spec.id))
+                self.stop = True
+            if msg.stop:  # stop with a savepoint: the driver holds every connection open until Shutdown
+                self.await_shutdown = True
+        elif isinstance(msg, messages.EndLoop):
+            if not self.loop_ended:
+                self.loop_ended = True
+                for c in self.back:
+                    if not c.ended:
+                        for s in self.backlog.on_end_of_stream(c.id).completed:
+                            self._write(s)
+                self._maybe_finish()
+        elif isinstance(msg, messages.Shutdown):
+            self.stop = True
+
+    def fire_timers(self) -> None:
+        """Processing-time timers that are due (wall clock), in each operator's order.
+        Called with nothing gathered (records before a timer are processed first)."""
+        if self.timed_ops:
+            self._fire_timers()
+
+    # ---- what the driver is told -----------------------------------------------------------
+
+    def _park(self, ch: InputChannel) -> None:
+        """``ch`` is blocked by an alignment: the driver stops reading it."""
+
+    def _unpark(self, ch: InputChannel) -> None:
+        """``ch`` is free again (or ended): the driver may read it (if it has not ended)."""
 
     # ---- the chain ------------------------------------------------------------------
 
-    def _call(self, name: str, fn: Callable[..., R], *args: Any) -> R:
-        """``fn(*args)``, code of operator (or source) ``name``: the one way the task calls
-        operator code outside the batch loop of ``_process`` (which converts the same way).
-        The watchdog sees ``name`` while it runs; what it raises becomes the task's failure
-        through ``operator_failure`` (a RecordError names its record: the driver's
-        poison-record rule); FencedOut, and the failure of a nested call, pass through."""
-        activity = self.activity
-        activity.enter(name)
-        try:
-            return fn(*args)
-        except (OperatorFailure, FencedOut):
-            raise
-        except Exception as e:
-            raise operator_failure(name, e)  # noqa: B904 - its cause is set: the user's error
-        finally:
-            activity.leave()
-
     def _process(self, batch: list[Any], start: int = 0) -> list[Any]:
-        # One try around the chain, not a _call per operator: the batch loop stays as cheap
-        # as a function call per operator and batch.
-        i = start
-        activity = self.activity
-        activity.since = time.monotonic()
-        try:
-            ops, names = self.ops, self.op_names
-            for i in range(start, len(ops)):
-                activity.op = names[i]
-                batch = ops[i].process(batch)
-                if not batch:
-                    break
-        except (OperatorFailure, FencedOut):
-            raise
-        except Exception as e:
-            raise operator_failure(self.op_names[i], e)  # noqa: B904 - its cause is set: the user's error
-        finally:
-            activity.since = 0.0
+        batch = self.chain.process(batch, start)
         if self.skippers:
             self._report_skipped()
         return batch
@@ -293,7 +405,7 @@ class Task:
         if watermark > self.watermark:
             self.watermark = watermark
             for i, op in self.watermark_ops:
-                out = self._call(self.op_names[i], op.on_watermark, watermark)
+                out = self.chain.call(self.op_names[i], op.on_watermark, watermark)
                 if out:
                     self._emit(self._process(out, i + 1))
             if self.skippers:
@@ -322,28 +434,23 @@ class Task:
         self.next_timer = min(due) if due else MAX_WATERMARK
 
     def _fire_timers(self) -> None:
-        """Processing-time timers that are due (wall clock), in each operator's order.
-        Called with nothing gathered (records before a timer are processed first)."""
-        now = time.time()
+        now = self.clock.time()
         if now < self.next_timer:
             return
         self.next_timer = MAX_WATERMARK  # rescheduled below (and by _emit)
         for i, op in self.timed_ops:
-            out = self._call(self.op_names[i], op.on_processing_time, now)
+            out = self.chain.call(self.op_names[i], op.on_processing_time, now)
             if out:
                 self._emit(self._process(out, i + 1))
         if self.skippers:
             self._report_skipped()
         self._schedule_timers()
 
+    # ---- end of stream ----------------------------------------------------------------
+
     def _finish(self) -> None:
         """End of input: flush final results through the chain, then end of stream."""
-        batch: list[Any] = []
-        for name, op in zip(self.op_names, self.ops):
-            if batch:
-                batch = self._call(name, op.process, batch)
-            batch = list(batch) + self._call(name, op.finish)
-        self._emit(batch)
+        self._emit(self.chain.finish())
         if self.skippers:
             self._report_skipped()  # after _emit: the out-edges' skips too, before the end
         self._end_outputs()
@@ -355,34 +462,107 @@ class Task:
         self.finished = True
         self.control.send(messages.Finished(self.spec.id, self.records_in, self.records_out))
 
+    def _maybe_finish(self) -> None:
+        if self.finished or not self.aligner.all_ended:
+            return
+        if self.back and not self.loop_ended and any(not c.ended for c in self.back):
+            if not self.inputs_ended:
+                self.inputs_ended = True
+                self.control.send(messages.InputsEnded(self.spec.id))
+            return
+        self._finish()
+
     def _back_edge_memory(self) -> int:
         """Bytes of back-edge input held in memory: readers and read-ahead (for LoopOverflow)."""
         return sum(c.reader.buffered() + c.ahead_bytes for c in self.back)
 
-    def _drain_back_edges(self, out_sock: Any) -> None:
-        """A send would block: wait until ``out_sock`` is writable, reading the back-edges
-        meanwhile (their frames are processed later, in order): into their readers up to
-        their share of ``loop_memory``, then into their spills (InputChannel.fill_nowait)."""
-        sel = selectors.DefaultSelector()
-        try:
-            sel.register(out_sock, selectors.EVENT_WRITE, None)
-            for c in self.back:
-                if not c.ended:
-                    sel.register(c.sock, selectors.EVENT_READ, c)
-            for key, _ in sel.select():
-                if key.data is not None:
-                    key.data.fill_nowait(RECV_SIZE)
-                    self.runnable.append(key.data)
-        finally:
-            sel.close()
+    # ---- frames -------------------------------------------------------------------------
+
+    def _on_frame(self, ch: InputChannel, kind: int, payload: bytes, ahead: bool = False) -> None:
+        """One frame of ``ch`` in order; ``ahead``: it was read ahead (and logged) already."""
+        if kind == codec.FrameKind.RECORDS:
+            if ch.back_edge and self.loop_ended:
+                raise LoopNotQuiet(
+                    f"records arrived on back-edge {ch.id} after the loop was proven drained: an operator "
+                    "in the loop emitted records at end of input (finish()); loops must be quiet then"
+                )
+            if not ahead:
+                # Logged now: if a snapshot was taken, these are processed after it.
+                self.backlog.on_records(ch.id, payload)
+                if self.backlog.due:
+                    self._spill()
+            batch = codec.unpack(payload)
+            ch.records += len(batch)
+            # At most GATHER_MAX records a batch, however many the frame holds: a loop whose
+            # operators emit more than they take in would otherwise double its batches and
+            # frames on every trip (measured: one batch of 800k records, 400 MB, in 8 s).
+            # A frame that fits is gathered whole, as before.
+            i, n = 0, len(batch)
+            while len(self.gathered) + n - i > GATHER_MAX:
+                j = i + GATHER_MAX - len(self.gathered)
+                self.gathered.extend(batch[i:j])
+                i = j
+                self.flush()  # empties gathered
+            self.gathered.extend(batch[i:] if i else batch)
+            if len(self.gathered) >= self.gather_max:
+                self.flush()
+            return
+        self.flush()
+        if kind == codec.FrameKind.BARRIER:
+            cid, unaligned = codec.parse_barrier(payload)
+            if ch.back_edge and self.loop_ended:
+                return
+            if not ahead:
+                self._seen(cid)
+            if unaligned and cid > self.last_snapshot:  # the first barrier of an unaligned checkpoint
+                self._trigger_unaligned(cid, {ch.id})
+                return
+            if ch.back_edge or cid <= self.last_snapshot:
+                # A back-edge's barrier (held if it came first), or the barrier of a checkpoint
+                # this task has taken already (unaligned, or directly): it closes a log.
+                for s in self.backlog.on_barrier(ch.id, cid).completed:
+                    self._write(s)
+                return
+            d = self.aligner.on_barrier(ch.id, cid)
+            if d.outcome is Outcome.ABORTED_AND_BLOCKED:
+                # The older checkpoint was abandoned upstream: what it blocked is free again.
+                self._release_blocked()
+                self.blocked_since = None
+            if d.outcome in (Outcome.BLOCKED, Outcome.ABORTED_AND_BLOCKED):
+                if self.blocked_since is None:
+                    self.blocked_since = self.clock.perf_counter()
+                self._park(ch)
+                self._blocked.append(ch)
+            elif d.outcome is Outcome.TRIGGERED:
+                assert d.checkpoint_id is not None
+                self._snapshot(d.checkpoint_id)
+                self._release_blocked()
+        elif kind == codec.FrameKind.WATERMARK:
+            if not ch.back_edge:
+                w = codec.parse_watermark(payload)
+                self._on_watermark_step(self.valve.on_idle(ch.id) if w is None else self.valve.on_watermark(ch.id, w))
+        elif kind == codec.FrameKind.END:
+            ch.ended = True
+            self._park(ch)
+            for s in self.backlog.on_end_of_stream(ch.id).completed:
+                self._write(s)
+            if not ch.back_edge:
+                self._on_watermark_step(self.valve.on_end(ch.id))
+                d = self.aligner.on_end_of_stream(ch.id)
+                if d.outcome is Outcome.TRIGGERED:
+                    assert d.checkpoint_id is not None
+                    self._snapshot(d.checkpoint_id)
+                    self._release_blocked()
+            self._maybe_finish()
+
+    def _release_blocked(self) -> None:
+        for b in self._blocked:
+            if not b.ended:
+                self._unpark(b)
+            self.runnable.append(b)
+        self._blocked.clear()
 
     # ---- checkpoints ------------------------------------------------------------------
-
-    def _all_operators(self) -> list[tuple[str, Any]]:
-        head: list[tuple[str, Any]] = []
-        if self.source is not None:
-            head.append((self.source_name or "source", self.source))
-        return head + list(zip(self.op_names, self.ops))
 
     def _snapshot(self, checkpoint_id: int, forward: bool = True, unaligned: bool = False,
                   arrived: set[str] | None = None) -> None:
@@ -390,26 +570,25 @@ class Task:
         unaligned: log every input's state, not only the back-edges'; ``arrived``: the
         inputs that delivered this barrier already."""
         self.last_snapshot = checkpoint_id
-        began = time.perf_counter()
-        seen = self.first_seen.pop(checkpoint_id, 0.0) or time.time()
+        clock = self.clock
+        began = clock.perf_counter()
+        seen = self.first_seen.pop(checkpoint_id, 0.0) or clock.time()
         for old in [c for c in self.first_seen if c < checkpoint_id]:
             del self.first_seen[old]
-        states: dict[str, Any] = {}
-        for name, op in self._all_operators():
-            states[name] = self._call(name, op.snapshot, checkpoint_id)
+        states = self.chain.snapshot(checkpoint_id)
         # Incremental: only the keys changed since the base (built here: O(changes)).
         base, deltas, entries = self.increments.prepare(checkpoint_id, states)
         # The consistent copy: encoded here if small, else by a forked child (copy-on-write).
-        encoding = snapshot_encoding.start(states, self.encoding_mode, entries)
+        encoding = snapshot_encoding.start(states, self.options.snapshot_encoding, entries)
         del states
-        sync_ms = (time.perf_counter() - began) * 1000
+        sync_ms = (clock.perf_counter() - began) * 1000
         if forward and not self.finished:
             barrier = codec.frame(codec.FrameKind.BARRIER, codec.barrier_payload(checkpoint_id, unaligned))
             for out in self.outputs:
                 out.broadcast(barrier)
         alignment_ms = 0.0
         if self.blocked_since is not None:
-            alignment_ms = (time.perf_counter() - self.blocked_since) * 1000
+            alignment_ms = (clock.perf_counter() - self.blocked_since) * 1000
             self.blocked_since = None
         payload = (encoding, alignment_ms, self.finished, sync_ms, base, deltas, self.increments.known, seen)
         if not forward:
@@ -418,7 +597,8 @@ class Task:
             self._write(Session(checkpoint_id, payload, set(), {}))
             return
         step = self.backlog.start(checkpoint_id, payload, unaligned, arrived or ())
-        self._release(step.released)
+        for cid in step.released:
+            self.runnable.append(self.inputs[cid])
         for s in step.completed:
             self._write(s)
         session = self.backlog.sessions.get(checkpoint_id)
@@ -458,7 +638,7 @@ class Task:
             if limit is not None and sum(c.ahead_bytes for c in self.inputs.values()) >= limit:
                 # Memory bound: what is read ahead waits to be processed, so reading on would
                 # only move the backlog from the kernel's buffers into ours, checkpoint after
-                # checkpoint. Reading resumes (_service) as processing frees room.
+                # checkpoint. Reading resumes (service) as processing frees room.
                 return
             f = ch.read_frame()  # the reader's, refilled from the spill: the channel's order
             if f is None:
@@ -494,49 +674,31 @@ class Task:
         """Snapshot now for ``checkpoint_id`` (its first barrier came, the coordinator asked,
         or its alignment timed out): an alignment in progress is abandoned, what it
         blocked is released, and the inputs it had collected count as arrived."""
-        self._flush()
+        self.flush()
         st = self.aligner.state
         if isinstance(st, CollectingBarriers) and st.checkpoint_id == checkpoint_id:
             arrived = arrived | set(st.arrived)
         self.aligner.abandon(checkpoint_id)
         self._snapshot(checkpoint_id, unaligned=True, arrived=arrived)
-        if self._sel is not None:
-            self._release_blocked(self._sel, self._blocked)
-
-    def _service(self) -> None:
-        """Between frames of a busy task: control messages, read-ahead, aligned timeout."""
-        if self.responsive:
-            for msg in self.control.poll():
-                self.on_control(msg)
-        if self.backlog.logging:
-            for ch in self.inputs.values():
-                if not ch.ended and not ch.ahead_stopped and self.backlog.waiting_on(ch.id):
-                    self._read_ahead(ch)
-        self._check_aligned_timeout()
-
-    def _check_aligned_timeout(self) -> None:
-        st = self.aligner.state
-        if (self.aligned_timeout is not None and self.blocked_since is not None
-                and isinstance(st, CollectingBarriers)
-                and time.perf_counter() - self.blocked_since >= self.aligned_timeout):
-            self._trigger_unaligned(st.checkpoint_id, set())
+        self._release_blocked()
 
     def _seen(self, checkpoint_id: int) -> None:
         if checkpoint_id > self.last_snapshot and checkpoint_id not in self.first_seen:
-            self.first_seen[checkpoint_id] = time.time()
+            self.first_seen[checkpoint_id] = self.clock.time()
 
     def _state_file(self) -> str:
-        return f"{self.spec.id}.{self.file_tag}.state" if self.file_tag else f"{self.spec.id}.state"
+        tag = self.options.file_tag
+        return f"{self.spec.id}.{tag}.state" if tag else f"{self.spec.id}.state"
 
     def _spill(self) -> None:
         """Sessions past ``channel_state_memory``: what they logged goes to spill files
-        (written by the writer thread, in order, before their state files)."""
+        (written by the writer, in order, before their state files)."""
         limit = self.backlog.memory_limit or 0
         for s in self.backlog.due_to_spill():
             size = s.memory
             logs = self.backlog.take(s)
-            self.writer.spill(s.checkpoint_id, spill.file_name(self._state_file(), s.spills - 1),
-                              lambda logs=logs: spill.encode(logs), s.spilled, size)  # type: ignore[misc]
+            self.writer.spill(SpillJob(s.checkpoint_id, spill.file_name(self._state_file(), s.spills - 1),
+                                       lambda logs=logs: spill.encode(logs), s.spilled, size))  # type: ignore[misc]
             del logs
         # Channel state held is then at most the limit in the logs plus the limit queued.
         self.writer.wait_spills(limit)
@@ -550,323 +712,6 @@ class Task:
             return snapshot_encoding.snapshot_file(task, cid, encoding.result(), logs, finished, base, deltas,
                                                    spilled)
 
-        self.writer.submit(s.checkpoint_id, self._state_file(), blob, alignment_ms, s.logged, finished, sync_ms,
-                           base, known, s.unaligned, s.logged_bytes, s.regular_logged, seen)
-
-    def _release(self, channels: tuple[str, ...]) -> None:
-        for cid in channels:
-            self.runnable.append(self.inputs[cid])
-
-    def _notify_complete(self, checkpoint_id: int) -> None:
-        for name, op in self._all_operators():
-            self._call(name, op.notify_checkpoint_complete, checkpoint_id)
-
-    def on_control(self, msg: messages.Message) -> None:
-        if isinstance(msg, messages.Trigger):
-            # Sources are triggered by the coordinator; other tasks once their regular inputs
-            # ended, and every task for an unaligned checkpoint (Chandy and Lamport: a process
-            # may record its state at any moment, then logs what arrives before each marker).
-            if msg.checkpoint_id <= self.last_snapshot:
-                return
-            self._seen(msg.checkpoint_id)
-            if self.source is not None or self.finished or self.inputs_ended:
-                self._flush()
-                self._snapshot(msg.checkpoint_id, unaligned=msg.unaligned)
-            elif msg.unaligned:
-                self._trigger_unaligned(msg.checkpoint_id, set())
-        elif isinstance(msg, messages.Snapshot):
-            if msg.checkpoint_id > self.last_snapshot:
-                self._snapshot(msg.checkpoint_id, forward=False)
-        elif isinstance(msg, messages.Pause):
-            self.paused = True
-        elif isinstance(msg, messages.Resume):
-            self.paused = False
-        elif isinstance(msg, messages.CountRequest):
-            self.control.send(messages.Counts(
-                self.spec.id, msg.wave,
-                {ch.id: ch.records for out in self.outputs for ch in out.channels},
-                {ch.id: ch.records for ch in self.inputs.values()},
-            ))
-        elif isinstance(msg, messages.NotifyComplete):
-            self.increments.completed(msg.checkpoint_id)
-            self._notify_complete(msg.checkpoint_id)
-            if msg.final or msg.stop:
-                self.writer.flush()
-                self.control.send(messages.Committed(self.spec.id))
-                self.stop = True
-            if msg.stop:  # stop with a savepoint: hold every connection open until told to go
-                self._await_shutdown()
-        elif isinstance(msg, messages.EndLoop):
-            if not self.loop_ended:
-                self.loop_ended = True
-                for c in self.back:
-                    if not c.ended:
-                        for s in self.backlog.on_end_of_stream(c.id).completed:
-                            self._write(s)
-                self._maybe_finish()
-        elif isinstance(msg, messages.Shutdown):
-            self.stop = True
-
-    def _await_shutdown(self) -> None:
-        """Stopped with a savepoint: wait for Shutdown with every connection held open, and
-        read and discard what still arrives on the inputs. A producer may be blocked sending
-        to this task (backpressure) with its own stop notification unread behind that send:
-        if this task stopped reading, that producer would never commit and the job would
-        never stop. Everything unread here came after the savepoint's barrier (savepoints are
-        aligned, and this task acknowledged it), so a job started from the savepoint reads
-        it again: discarding it loses nothing."""
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.control.sock, selectors.EVENT_READ, None)
-            for ch in self.inputs.values():
-                if not ch.ended:
-                    sel.register(ch.sock, selectors.EVENT_READ, ch)
-            while True:
-                if any(isinstance(m, messages.Shutdown) for m in self.control.poll()):
-                    return
-                for key, _ in sel.select(timeout=1.0):
-                    if key.data is not None:
-                        try:
-                            _, closed = key.data.wire.read_nowait(RECV_SIZE, 8 * RECV_SIZE)
-                        except OSError:
-                            closed = True
-                        if closed:  # its producer exited (it was told to go first)
-                            sel.unregister(key.fileobj)
-
-    def _maybe_finish(self) -> None:
-        if self.finished or not self.aligner.all_ended:
-            return
-        if self.back and not self.loop_ended and any(not c.ended for c in self.back):
-            if not self.inputs_ended:
-                self.inputs_ended = True
-                self.control.send(messages.InputsEnded(self.spec.id))
-            return
-        self._finish()
-
-    # ---- run loops ----------------------------------------------------------------------
-
-    def run(self) -> None:
-        if self.restored_finished:
-            self._end_outputs()
-        if self.timed_ops:
-            self._schedule_timers()  # restored processing-time timers are due without a record
-        # Channel state first (records in flight at the restored checkpoint: round a loop,
-        # or on any input if it was unaligned), each batch into the operator it was logged for.
-        replay, self.replay = self.replay, []
-        for start, batch in replay:
-            if batch:
-                self.records_in += len(batch)
-                self._emit(self._process(batch, start))
-        if self.source is not None:
-            self._run_source()
-        else:
-            self._run_inputs()
-
-    def _run_source(self) -> None:
-        source, control = self.source, self.control
-        assert source is not None
-        last_progress = time.monotonic()
-        while not self.stop:
-            if self.finished or self.paused:
-                self.on_control(control.receive())
-                continue
-            for msg in control.poll():
-                self.on_control(msg)
-            if self.stop:
-                break
-            # A timestamps function's RecordError names its record here (poison records).
-            batch = self._call(self.source_name or "source", source.read_batch)
-            if batch is None:
-                if self.event_source is not None:
-                    self._advance_watermark(MAX_WATERMARK)  # end of input: every window fires
-                self._finish()
-                continue
-            if batch:
-                self.records_in += len(batch)
-                self._emit(self._process(batch, 0) if self.ops else batch)
-            if self.skippers:
-                self._report_skipped()  # the source's skips (a batch it emptied), the out-edges'
-            if self.event_source is not None:
-                self._source_status(bool(batch))
-            if self.timed_ops:
-                self._fire_timers()
-            now = time.monotonic()
-            if now - last_progress >= PROGRESS_EVERY:
-                last_progress = now
-                control.send(messages.Progress(self.spec.id, self.records_in, self.records_out))
-
-    def _flush(self) -> None:
-        """Process the records gathered from the buffered frames of all channels as one batch.
-
-        Invariant: called before any barrier or end of stream is handled, so every record
-        gathered is processed on the same side of a snapshot as it would be alone. Gathering
-        keeps batches large where hash exchanges split them (round a loop they would halve
-        on every trip)."""
-        if self.gathered:
-            batch, self.gathered = self.gathered, []
-            self.records_in += len(batch)
-            if not self.responsive:
-                self._emit(self._process(batch, 0))
-                return
-            began = time.perf_counter()
-            self._emit(self._process(batch, 0))
-            per = (time.perf_counter() - began) / len(batch)
-            self._per_record = per if not self._per_record else 0.8 * self._per_record + 0.2 * per
-            self.gather_max = max(1, min(GATHER_MAX, int(BATCH_WORK / max(self._per_record, 1e-9))))
-        if self.timed_ops and time.time() >= self.next_timer:
-            self._fire_timers()  # a busy task's processing-time timers
-
-    def _on_frame(self, ch: InputChannel, kind: int, payload: bytes,
-                  sel: selectors.BaseSelector, blocked: list[InputChannel], ahead: bool = False) -> None:
-        """One frame of ``ch`` in order; ``ahead``: it was read ahead (and logged) already."""
-        if kind == codec.FrameKind.RECORDS:
-            if ch.back_edge and self.loop_ended:
-                raise LoopNotQuiet(
-                    f"records arrived on back-edge {ch.id} after the loop was proven drained: an operator "
-                    "in the loop emitted records at end of input (finish()); loops must be quiet then"
-                )
-            if not ahead:
-                # Logged now: if a snapshot was taken, these are processed after it.
-                self.backlog.on_records(ch.id, payload)
-                if self.backlog.due:
-                    self._spill()
-            batch = codec.unpack(payload)
-            ch.records += len(batch)
-            # At most GATHER_MAX records a batch, however many the frame holds: a loop whose
-            # operators emit more than they take in would otherwise double its batches and
-            # frames on every trip (measured: one batch of 800k records, 400 MB, in 8 s).
-            # A frame that fits is gathered whole, as before.
-            i, n = 0, len(batch)
-            while len(self.gathered) + n - i > GATHER_MAX:
-                j = i + GATHER_MAX - len(self.gathered)
-                self.gathered.extend(batch[i:j])
-                i = j
-                self._flush()  # empties gathered
-            self.gathered.extend(batch[i:] if i else batch)
-            if len(self.gathered) >= self.gather_max:
-                self._flush()
-            return
-        self._flush()
-        if kind == codec.FrameKind.BARRIER:
-            cid, unaligned = codec.parse_barrier(payload)
-            if ch.back_edge and self.loop_ended:
-                return
-            if not ahead:
-                self._seen(cid)
-            if unaligned and cid > self.last_snapshot:  # the first barrier of an unaligned checkpoint
-                self._trigger_unaligned(cid, {ch.id})
-                return
-            if ch.back_edge or cid <= self.last_snapshot:
-                # A back-edge's barrier (held if it came first), or the barrier of a checkpoint
-                # this task has taken already (unaligned, or directly): it closes a log.
-                for s in self.backlog.on_barrier(ch.id, cid).completed:
-                    self._write(s)
-                return
-            d = self.aligner.on_barrier(ch.id, cid)
-            if d.outcome is Outcome.ABORTED_AND_BLOCKED:
-                # The older checkpoint was abandoned upstream: what it blocked is free again.
-                self._release_blocked(sel, blocked)
-                self.blocked_since = None
-            if d.outcome in (Outcome.BLOCKED, Outcome.ABORTED_AND_BLOCKED):
-                if self.blocked_since is None:
-                    self.blocked_since = time.perf_counter()
-                _unregister(sel, ch)
-                blocked.append(ch)
-            elif d.outcome is Outcome.TRIGGERED:
-                self._triggered(d.checkpoint_id, sel, blocked)  # type: ignore[arg-type]
-        elif kind == codec.FrameKind.WATERMARK:
-            if not ch.back_edge:
-                w = codec.parse_watermark(payload)
-                self._on_watermark_step(self.valve.on_idle(ch.id) if w is None else self.valve.on_watermark(ch.id, w))
-        elif kind == codec.FrameKind.END:
-            ch.ended = True
-            _unregister(sel, ch)
-            for s in self.backlog.on_end_of_stream(ch.id).completed:
-                self._write(s)
-            if not ch.back_edge:
-                self._on_watermark_step(self.valve.on_end(ch.id))
-                d = self.aligner.on_end_of_stream(ch.id)
-                if d.outcome is Outcome.TRIGGERED:
-                    self._triggered(d.checkpoint_id, sel, blocked)  # type: ignore[arg-type]
-            self._maybe_finish()
-
-    def _triggered(self, checkpoint_id: int, sel: selectors.BaseSelector, blocked: list[InputChannel]) -> None:
-        self._snapshot(checkpoint_id)
-        self._release_blocked(sel, blocked)
-
-    def _release_blocked(self, sel: selectors.BaseSelector, blocked: list[InputChannel]) -> None:
-        for b in blocked:
-            if not b.ended:
-                sel.register(b.sock, selectors.EVENT_READ, b)
-            self.runnable.append(b)
-        blocked.clear()
-
-    def _run_inputs(self) -> None:
-        sel = selectors.DefaultSelector()
-        control = self.control
-        sel.register(control.sock, selectors.EVENT_READ, None)
-        for ch in self.inputs.values():
-            sel.register(ch.sock, selectors.EVENT_READ, ch)
-        runnable = self.runnable
-        runnable.extend(ch for ch in self.inputs.values() if ch.has_frames())
-        blocked: list[InputChannel] = []
-        self._sel, self._blocked = sel, blocked
-        aligner, backlog = self.aligner, self.backlog
-        self._maybe_finish()  # a task with no regular inputs at all
-        next_service = time.monotonic() + SERVICE_EVERY
-
-        while not self.stop:
-            turn_ends = time.monotonic() + TURN
-            while runnable and not self.stop:
-                ch = runnable.popleft()
-                while not ch.ended:
-                    if ch.back_edge:
-                        if backlog.is_held(ch.id):
-                            break
-                    elif aligner.is_blocked(ch.id):
-                        break
-                    frame = ch.next_frame()
-                    if frame is None:
-                        break
-                    self._on_frame(ch, frame[0], frame[1], sel, blocked, frame[2])
-                    now = time.monotonic()
-                    if (self.responsive or backlog.logging) and now >= next_service:
-                        self._flush()
-                        self._service()
-                        next_service = time.monotonic() + SERVICE_EVERY
-                    if now >= turn_ends:
-                        runnable.append(ch)  # more later, after the others' and the sockets' turn
-                        break
-                if time.monotonic() >= turn_ends:
-                    break
-            self._flush()
-            if self.stop:
-                break
-            self._check_aligned_timeout()
-            timeout = None
-            if self.aligned_timeout is not None and self.blocked_since is not None:
-                timeout = max(0.0, self.blocked_since + self.aligned_timeout - time.perf_counter())
-            if self.timed_ops and not self.finished:
-                self._fire_timers()
-                if self.next_timer != MAX_WATERMARK:
-                    wait = max(0.0, self.next_timer - time.time())
-                    timeout = wait if timeout is None else min(timeout, wait)
-            if runnable:
-                timeout = 0.0  # a turn ended with frames left: only a look at the sockets
-            for key, _ in sel.select(timeout):
-                if key.data is None:
-                    for msg in control.poll():  # non-blocking, like the channels' reads
-                        self.on_control(msg)
-                else:
-                    ch = key.data
-                    if ch in runnable:
-                        # Its turn ended with frames left: reading more now would only move
-                        # its backlog from the kernel's buffers into ours (no backpressure).
-                        continue
-                    # Not a blocking read: a read-ahead for an earlier event of this batch
-                    # (a trigger on the control connection) may have taken these bytes.
-                    ch.fill_nowait(RECV_SIZE)
-                    if backlog.logging and not ch.ahead_stopped and backlog.waiting_on(ch.id):
-                        self._read_ahead(ch)
-                    runnable.append(ch)
-        sel.close()
-        self._sel = None
+        self.writer.submit(Job(s.checkpoint_id, self._state_file(), blob, alignment_ms, s.logged, finished, sync_ms,
+                               self.clock.perf_counter(), base, known, s.unaligned, s.logged_bytes,
+                               s.regular_logged, seen))

@@ -42,7 +42,9 @@ from ..plan import Plan
 from .channel import ChannelClosed, OutputChannel, accept_inputs
 from .control import ControlLink, DriverGone
 from .output import OperatorFailure, Output
-from .task import LoopNotQuiet, Task, record_repr
+from .chain import Chain, record_repr
+from .task import LoopNotQuiet, TaskOptions
+from .task_loop import ProcessTask
 from .watchdog import Activity, Watchdog
 from . import restore
 from .writer import SnapshotWriter
@@ -122,7 +124,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
                 chans = []
                 for cid in o.channels:
                     consumer = cid.split("->", 1)[1]
-                    chans.append(OutputChannel(cid, deploy.peers[consumer], secret, deploy.connect_timeout, material,
+                    chans.append(OutputChannel.connect(cid, deploy.peers[consumer], secret, deploy.connect_timeout, material,
                                                deploy.channel_buffer))
                 outputs.append(Output(o, chans, key_fns.get(o.key_operator), tail, plan.max_parallelism))
         except BaseException as e:  # noqa: BLE001 - re-raised on the task thread below
@@ -148,13 +150,16 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
         os._exit(1)
 
     writer = SnapshotWriter(control, task_id, deploy.checkpoint_dir, writer_failed)
-    task = Task(spec, names, ops, source, source_name, outputs, inputs, control, writer, deploy.checkpoint_dir,
-                replay, restored_finished, activity, _file_tag(deploy.fence, generation), deploy.snapshot_encoding,
-                deploy.incremental, deploy.aligned_timeout if deploy.aligned_timeout >= 0 else None,
-                deploy.unaligned, deploy.channel_state_memory if deploy.channel_state_memory >= 0 else None,
-                loop_memory=deploy.loop_memory if deploy.loop_memory >= 0 else None,
-                loop_disk=deploy.loop_disk if deploy.loop_disk >= 0 else None,
-                loop_spill_dir=deploy.loop_spill_dir or None)
+    options = TaskOptions(
+        snapshot_encoding=deploy.snapshot_encoding, incremental=deploy.incremental,
+        aligned_timeout=deploy.aligned_timeout if deploy.aligned_timeout >= 0 else None,
+        unaligned=deploy.unaligned,
+        channel_state_memory=deploy.channel_state_memory if deploy.channel_state_memory >= 0 else None,
+        loop_memory=deploy.loop_memory if deploy.loop_memory >= 0 else None,
+        loop_disk=deploy.loop_disk if deploy.loop_disk >= 0 else None,
+        loop_spill_dir=deploy.loop_spill_dir or None, file_tag=_file_tag(deploy.fence, generation))
+    task = ProcessTask(spec, Chain(names, ops, source, source_name, activity), outputs, inputs, control, writer,
+                       options, replay=replay, restored_finished=restored_finished)
     channels = [ch for out in outputs for ch in out.channels]
     watchdog.counters = lambda: (task.records_in, task.records_out,
                                  sum(ch.send_seconds(time.perf_counter()) for ch in channels))
@@ -223,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     # (a savepoint, then a clean stop), and tells the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        control = ControlLink((host, int(port)), secret, material)
+        control = ControlLink.connect((host, int(port)), secret, material)
     except (OSError, ProtocolError) as e:
         print(f"abs-engine worker {task_id}: cannot reach the driver: {e}", file=sys.stderr)
         return 1

@@ -15,11 +15,24 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from .. import fs, messages
 from ..checkpoint.remote import write_task_state
 from .control import ControlLink
+
+
+class Writer(Protocol):
+    """Where a task hands its snapshot files: a writer thread in a worker (SnapshotWriter),
+    or at once on the task's own thread (memory.InlineWriter)."""
+
+    def submit(self, job: Job) -> None: ...
+
+    def spill(self, job: SpillJob) -> None: ...
+
+    def wait_spills(self, limit: int) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 class SnapshotWriter:
@@ -30,32 +43,27 @@ class SnapshotWriter:
         self.task = task
         self.root = root  #: the checkpoint location: a local directory or a remote URI
         self.on_error = on_error
-        self.jobs: queue.Queue[_Job | _Spill | None] = queue.Queue()
+        self.jobs: queue.Queue[Job | SpillJob | None] = queue.Queue()
         #: Bytes of channel state handed over to spill and not written yet.
         self.spilling = 0
         self._spilled = threading.Condition()
         self.thread = threading.Thread(target=self._run, name="snapshot-writer", daemon=True)
         self.thread.start()
 
-    def submit(self, checkpoint_id: int, name: str, blob: bytes | Callable[[], bytes], alignment_ms: float,
-               logged: int, finished: bool, sync_ms: float = 0.0, base: int = -1, known: int = -1,
-               unaligned: bool = False, inflight_bytes: int = 0, channel_state: int = 0,
-               first_seen: float = 0.0) -> None:
-        """Write ``blob`` (or what ``blob()`` returns, called on this thread: it may wait for a
-        forked encoder) as the task's state file, then acknowledge it with the time the
-        task thread spent (``sync_ms``) and the time from here to the acknowledgement."""
-        self.jobs.put(_Job(checkpoint_id, name, blob, alignment_ms, logged, finished, sync_ms, time.perf_counter(),
-                           base, known, unaligned, inflight_bytes, channel_state, first_seen))
+    def submit(self, job: Job) -> None:
+        """Write ``job.blob`` (or what ``job.blob()`` returns, called on this thread: it may
+        wait for a forked encoder) as the task's state file, then acknowledge it with the
+        time the task thread spent (``sync_ms``) and the time from here to the ack."""
+        self.jobs.put(job)
 
-    def spill(self, checkpoint_id: int, name: str, blob: Callable[[], bytes], refs: list[tuple[str, int, str]],
-              size: int) -> None:
-        """Write ``blob()`` (``size`` bytes of records) as spill file ``name`` of checkpoint
-        ``checkpoint_id`` and append (name, size, sha256) to ``refs``, on this thread, before
+    def spill(self, job: SpillJob) -> None:
+        """Write ``job.blob()`` (``job.size`` bytes of records) as a spill file of its
+        checkpoint and append (name, size, sha256) to ``job.refs``, on this thread, before
         any later submission: the state file that lists ``refs`` is built after every spill
         before it (checkpoint/spill.py). Nothing is acknowledged."""
         with self._spilled:
-            self.spilling += size
-        self.jobs.put(_Spill(checkpoint_id, name, blob, refs, size))
+            self.spilling += job.size
+        self.jobs.put(job)
 
     def wait_spills(self, limit: int) -> None:
         """Block until at most ``limit`` bytes handed over to spill are still unwritten: the
@@ -79,7 +87,7 @@ class SnapshotWriter:
             try:
                 if job is None:
                     return
-                if isinstance(job, _Spill):
+                if isinstance(job, SpillJob):
                     blob = job.blob()
                     write_task_state(self.root, job.checkpoint_id, job.name, blob)
                     job.refs.append((job.name, len(blob), hashlib.sha256(blob).hexdigest()))
@@ -90,13 +98,7 @@ class SnapshotWriter:
                     continue
                 blob = job.blob() if callable(job.blob) else job.blob
                 write_task_state(self.root, job.checkpoint_id, job.name, blob)
-                digest = hashlib.sha256(blob).hexdigest()
-                self.control.send(
-                    messages.Ack(job.checkpoint_id, self.task, job.name, len(blob), digest, job.alignment_ms,
-                                 job.logged, job.finished, job.sync_ms,
-                                 (time.perf_counter() - job.submitted) * 1000, job.base, job.known,
-                                 job.unaligned, job.inflight_bytes, job.channel_state, job.first_seen)
-                )
+                self.control.send(ack_of(self.task, job, blob, hashlib.sha256(blob).hexdigest(), time.perf_counter()))
             except BaseException as e:  # noqa: BLE001 - reported to the driver, then the worker dies
                 self.on_error(e)
             finally:
@@ -104,7 +106,9 @@ class SnapshotWriter:
 
 
 @dataclass(frozen=True)
-class _Job:
+class Job:
+    """A state file to write and acknowledge: what the task hands its writer."""
+
     checkpoint_id: int
     name: str
     blob: bytes | Callable[[], bytes]
@@ -112,7 +116,7 @@ class _Job:
     logged: int
     finished: bool
     sync_ms: float
-    submitted: float  #: perf_counter() at submit
+    submitted: float  #: the task clock's perf_counter() at submit
     base: int = -1  #: incremental: the checkpoint this file's deltas apply to (-1: full)
     known: int = -1  #: incremental: the newest completion the task may build on
     unaligned: bool = False
@@ -122,9 +126,18 @@ class _Job:
 
 
 @dataclass(frozen=True)
-class _Spill:
+class SpillJob:
+    """Channel state of a checkpoint in progress, written ahead of its state file."""
+
     checkpoint_id: int
     name: str
     blob: Callable[[], bytes]
     refs: list[tuple[str, int, str]]  #: the session's spill files, appended to once written
     size: int = 0  #: bytes of records it holds
+
+
+def ack_of(task: str, job: Job, blob: bytes, sha256: str, now: float) -> messages.Ack:
+    """The acknowledgement of ``job``, written as ``blob`` (``now``: perf_counter())."""
+    return messages.Ack(job.checkpoint_id, task, job.name, len(blob), sha256, job.alignment_ms, job.logged,
+                        job.finished, job.sync_ms, (now - job.submitted) * 1000, job.base, job.known,
+                        job.unaligned, job.inflight_bytes, job.channel_state, job.first_seen)

@@ -132,7 +132,7 @@ class _ChildReader:
         if not line.strip():
             self.proc.wait(10)
             raise RuntimeError(f"reader child failed to start (exit {self.proc.returncode})")
-        self.out = OutputChannel("bench#0->reader#0", ("127.0.0.1", int(line)))  # sends HELLO
+        self.out = OutputChannel.connect("bench#0->reader#0", ("127.0.0.1", int(line)))  # sends HELLO
         self.out.sock.settimeout(60)
         self.sent = 0
         self.acked = 0

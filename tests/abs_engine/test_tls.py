@@ -106,7 +106,7 @@ def test_a_record_over_a_tls_channel_is_not_plaintext_to_a_relay(material: tls.M
 
         threading.Thread(target=run_relay, daemon=True).start()
         t, out = _accept(listener, secret, material_or_none)
-        producer = OutputChannel("a->b", relay.getsockname()[:2], secret, 5, material_or_none)
+        producer = OutputChannel.connect("a->b", relay.getsockname()[:2], secret, 5, material_or_none)
         producer.send(codec.records_frame([record]))
         t.join()
         assert "error" not in out, out
@@ -134,11 +134,11 @@ def test_another_certificate_and_plain_clients_are_refused_and_the_real_producer
     garbage.sendall(b"\x16\x03\x01" + b"\xff" * 300)
     # a client of another job (another certificate), even knowing the secret
     with pytest.raises((ProtocolError, OSError)):
-        OutputChannel("a->b", addr, secret, 5, tls.Material.generate())
+        OutputChannel.connect("a->b", addr, secret, 5, tls.Material.generate())
     # a plain client that knows the secret waits for a challenge that never comes in the clear
     with pytest.raises(ProtocolError):
-        OutputChannel("a->b", addr, secret, 0.5)
-    real = OutputChannel("a->b", addr, secret, 5, material)
+        OutputChannel.connect("a->b", addr, secret, 0.5)
+    real = OutputChannel.connect("a->b", addr, secret, 5, material)
     real.send(codec.records_frame(["real"]))
     t.join()
     assert "error" not in out, out
@@ -176,7 +176,7 @@ def test_the_server_requires_this_jobs_client_certificate(material: tls.Material
         got = b""
     assert got == b""  # refused (an alert, or the connection closed), no challenge
     s.close()
-    real = OutputChannel("a->b", addr, secret, 5, material)
+    real = OutputChannel.connect("a->b", addr, secret, 5, material)
     t.join()
     assert "error" not in out, out
     real.close()

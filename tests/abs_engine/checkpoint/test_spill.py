@@ -134,7 +134,7 @@ def test_the_writer_counts_spills_until_written_and_lists_them_in_order(tmp_path
     wait_spills holds the task thread on) until written, then listed in order."""
     import threading
 
-    from abs_engine.runtime.writer import SnapshotWriter
+    from abs_engine.runtime.writer import SnapshotWriter, SpillJob
 
     errors: list[BaseException] = []
     writer = SnapshotWriter(None, "t#0", str(tmp_path), errors.append)  # type: ignore[arg-type]
@@ -146,8 +146,8 @@ def test_the_writer_counts_spills_until_written_and_lists_them_in_order(tmp_path
         gate.wait()
         return first
 
-    writer.spill(CID, "t#0.tag.spill0", slow, refs, 100)
-    writer.spill(CID, "t#0.tag.spill1", lambda: spill.encode({"a": frames([2])}), refs, 50)
+    writer.spill(SpillJob(CID, "t#0.tag.spill0", slow, refs, 100))
+    writer.spill(SpillJob(CID, "t#0.tag.spill1", lambda: spill.encode({"a": frames([2])}), refs, 50))
     assert writer.spilling == 150 and refs == []  # the first write is held at its gate
     gate.set()
     writer.wait_spills(0)

@@ -825,21 +825,21 @@ class _FakeControl:
 
 
 def test_snapshot_writer_writes_through_the_checks(storage, tmp_path):
-    from abs_engine.runtime.writer import SnapshotWriter
+    from abs_engine.runtime.writer import Job, SnapshotWriter
 
     errors: list[BaseException] = []
     control = _FakeControl()
     writer = SnapshotWriter(control, "t#0", storage.root, errors.append)  # type: ignore[arg-type]
     blob = codec.pack({"task": "t#0", "checkpoint_id": 1, "operators": {}})
     os.makedirs(storage.root)
-    writer.submit(1, "t#0.state", blob, 0.5, 0, False)
+    writer.submit(Job(1, "t#0.state", blob, 0.5, 0, False, 0.0, 0.0))
     # A planted link for the next checkpoint: refused, reported, target untouched.
     target = tmp_path / "target"
     target.write_bytes(b"original")
     os.makedirs(storage.dir_of(2))
     os.symlink(str(target), state_path(storage, 2, "t#0"))
-    writer.submit(2, "t#0.state", blob, 0.5, 0, False)
-    writer.submit(3, "../t#0.state", blob, 0.5, 0, False)  # not a plain name: refused, nothing written
+    writer.submit(Job(2, "t#0.state", blob, 0.5, 0, False, 0.0, 0.0))
+    writer.submit(Job(3, "../t#0.state", blob, 0.5, 0, False, 0.0, 0.0))  # not a plain name: refused, nothing written
     writer.flush()
     with open(state_path(storage, 1, "t#0"), "rb") as f:
         assert f.read() == blob

@@ -45,9 +45,9 @@ def test_strangers_and_tricklers_are_dropped_and_the_real_producer_gets_through(
     trickler.sendall(b"A")
     # a client with the wrong secret
     with pytest.raises(ProtocolError):
-        OutputChannel("a->b", addr, auth.new_secret(), timeout=5)
+        OutputChannel.connect("a->b", addr, auth.new_secret(), timeout=5)
     t0 = time.monotonic()
-    real = OutputChannel("a->b", addr, secret, timeout=5)
+    real = OutputChannel.connect("a->b", addr, secret, timeout=5)
     real.send(codec.records_frame(["real"]))
     t.join()
     assert "error" not in out, out

@@ -21,7 +21,10 @@ from abs_engine.runtime.channel_state import ChannelStateLog, LogOutcome, Sessio
 from abs_engine.runtime.channel import InputChannel
 from abs_engine.runtime.control import ControlLink
 from abs_engine.wire import Wire
-from abs_engine.runtime.task import Task
+from abs_engine.runtime.chain import Chain
+from abs_engine.runtime.task import TaskOptions
+from abs_engine.runtime.task_loop import ProcessTask
+from abs_engine.runtime.writer import Job, SpillJob
 from operators.base import Operator, OperatorContext
 
 # ---- the state machine ----------------------------------------------------------------
@@ -136,12 +139,12 @@ class CapturingWriter:
         self.first_seen: dict[int, float] = {}
         self.spilled: dict[int, dict[str, list[Any]]] = {}  #: checkpoint -> channel -> records spilled
 
-    def submit(self, cid, name, blob, alignment_ms, logged, finished, sync_ms=0.0, base=-1, known=-1,
-               unaligned=False, inflight_bytes=0, channel_state=0, first_seen=0.0) -> None:
+    def submit(self, job: Job) -> None:
+        cid, name, blob, logged = job.checkpoint_id, job.name, job.blob, job.logged
         if self.op is not None:
             self.processed_at_ack[cid] = len(self.op.seen)  # on the task thread: exact
-        self.unaligned[cid] = unaligned
-        self.first_seen[cid] = first_seen
+        self.unaligned[cid] = job.unaligned
+        self.first_seen[cid] = job.first_seen
         snap = decode_snapshot(blob() if callable(blob) else blob, name)
         states, logs = snap.states, dict(snap.logs)
         for ch, records in self.spilled.pop(cid, {}).items():  # spilled first, as spill.attach
@@ -149,10 +152,10 @@ class CapturingWriter:
         assert logged == sum(len(v) for v in logs.values())
         self.snapshots.put((cid, states, logs))
 
-    def spill(self, cid, name, blob, refs, size) -> None:  # on the task thread: kept in memory
-        for ch, data in codec.unpack(blob()).items():
-            self.spilled.setdefault(cid, {}).setdefault(ch, []).extend(codec.unpack(data))
-        refs.append((name, size, "0" * 64))
+    def spill(self, job: SpillJob) -> None:  # on the task thread: kept in memory
+        for ch, data in codec.unpack(job.blob()).items():
+            self.spilled.setdefault(job.checkpoint_id, {}).setdefault(ch, []).extend(codec.unpack(data))
+        job.refs.append((job.name, job.size, "0" * 64))
 
     def wait_spills(self, limit: int) -> None:
         pass
@@ -171,9 +174,7 @@ class Harness:
         self.reg2_prod, reg2_cons = socket.socketpair()
         self.back_prod, back_cons = socket.socketpair()
         self.ctl_driver, ctl_worker = socket.socketpair()
-        control = ControlLink.__new__(ControlLink)
-        control.sock, control.reader, control._lock, control.inbox = ctl_worker, codec.FrameReader(), threading.Lock(), __import__("collections").deque()
-        control.wire = Wire(ctl_worker)
+        control = ControlLink(Wire(ctl_worker))
         inputs = {
             "r": InputChannel("r", reg_cons, codec.FrameReader(), back_edge=False),
             "b": InputChannel("b", back_cons, codec.FrameReader(), back_edge=True),
@@ -187,9 +188,9 @@ class Harness:
         self.op.open(OperatorContext("remember", 0, 1, 0, False))
         self.writer = CapturingWriter()
         self.writer.op = self.op
-        self.task = Task(spec, ["remember"], [self.op], None, None, [], inputs, control, self.writer, "/nonexistent",
-                         aligned_timeout=aligned_timeout, unaligned=unaligned,
-                         channel_state_memory=channel_state_memory)
+        self.task = ProcessTask(spec, Chain(["remember"], [self.op]), [], inputs, control, self.writer,
+                                TaskOptions(aligned_timeout=aligned_timeout, unaligned=unaligned,
+                                            channel_state_memory=channel_state_memory))
         self.thread = threading.Thread(target=self.task.run, daemon=True)
         self.thread.start()
 

@@ -28,7 +28,9 @@ from abs_engine.runtime import overflow
 from abs_engine.runtime.channel import InputChannel
 from abs_engine.runtime.control import ControlLink
 from abs_engine.runtime.overflow import LoopBudget, SpillQueue
-from abs_engine.runtime.task import GATHER_MAX, Task
+from abs_engine.runtime.chain import Chain
+from abs_engine.runtime.task import GATHER_MAX, TaskOptions
+from abs_engine.runtime.task_loop import ProcessTask
 from abs_engine.wire import Wire
 from operators.base import Operator, OperatorContext
 from tests.abs_engine.runtime.test_channel_state import CapturingWriter, Remember, assert_cut
@@ -251,10 +253,7 @@ class LoopHarness:
         self.reg_prod, reg_cons = socket.socketpair()
         self.back_prod, back_cons = socket.socketpair()
         self.ctl_driver, ctl_worker = socket.socketpair()
-        control = ControlLink.__new__(ControlLink)
-        control.sock, control.reader, control._lock, control.inbox = (ctl_worker, codec.FrameReader(),
-                                                                      threading.Lock(), deque())
-        control.wire = Wire(ctl_worker)
+        control = ControlLink(Wire(ctl_worker))
         inputs = {"r": InputChannel("r", reg_cons, codec.FrameReader(), back_edge=False),
                   "b": InputChannel("b", back_cons, codec.FrameReader(), back_edge=True)}
         inputs["b"].reader.feed(back_backlog)  # read already: processing it never waits on the socket
@@ -264,8 +263,8 @@ class LoopHarness:
         self.op.open(OperatorContext("remember", 0, 1, 0, False))
         self.writer = CapturingWriter()
         self.writer.op = self.op if isinstance(self.op, Remember) else None
-        self.task = Task(spec, ["remember"], [self.op], None, None, [], inputs, control, self.writer, "/nonexistent",
-                         loop_memory=loop_memory, loop_disk=loop_disk, loop_spill_dir=tmp)
+        self.task = ProcessTask(spec, Chain(["remember"], [self.op]), [], inputs, control, self.writer,
+                                TaskOptions(loop_memory=loop_memory, loop_disk=loop_disk, loop_spill_dir=tmp))
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()

@@ -1,5 +1,6 @@
-"""The deterministic simulation of the checkpoint protocol (abs_engine/simulation.py):
-1,002 seeds over the three topologies pass, the oracle catches each deliberate bug, the
+"""The deterministic simulation of the checkpoint protocol (abs_engine/simulation/), over the
+production task code: 1,002 seeds over the three topologies pass, the oracle catches each
+deliberate bug (mutations of the production code among them), the
 same seed gives the same trace (also in another process, with another hash seed), and
 the runs exercise what they claim to (crashes, restores, aborts, back-edge logs). The
 unaligned modes (every task snapshots at once and logs every input's channel state; or an
@@ -16,7 +17,10 @@ from collections import Counter
 import pytest
 
 from abs_engine import simulation
-from abs_engine.simulation import MODES, TOPOLOGIES, Sim, SimFailure, reproduction, run_seed
+from abs_engine.simulation import oracle
+from abs_engine.runtime.memory import MemoryLink
+from abs_engine.runtime.task import Task
+from abs_engine.simulation import BUGS, MODES, MUTATIONS, TOPOLOGIES, Sim, SimFailure, reproduction, run_seed
 
 SEEDS_PER_TOPOLOGY = 334  # 1,002 seeds in all: a few seconds
 
@@ -56,19 +60,48 @@ def test_the_real_checkpoint_storage_on_disk_too() -> None:
         assert run_seed(s, topology, storage="disk") is None, reproduction(s, topology, storage="disk")
 
 
-@pytest.mark.parametrize("bug, topology, within", [
-    ("non-transactional-sink", "dag", 30),  # duplicates after a restore
-    ("no-align", "dag3", 30),  # records behind a barrier counted in the snapshot
-    ("no-replay", "cycle", 150),  # tokens in flight round the loop lost at a restore
-])
-def test_the_oracle_catches_a_deliberate_bug(bug: str, topology: str, within: int) -> None:
-    caught = next(((s, err) for s in range(within) if (err := run_seed(s, topology, bug=bug)) is not None), None)
+#: Every deliberate bug, where it shows: (topology, mode, seeds within which it must be caught).
+WHERE = {
+    "non-transactional-sink": ("dag", "aligned", 30),  # duplicates after a restore
+    "no-align": ("dag3", "aligned", 30),  # records behind a barrier counted in the snapshot
+    "no-replay": ("cycle", "aligned", 150),  # tokens in flight round the loop lost at a restore
+    "no-channel-state": ("cycle", "unaligned", 30),  # records in flight on regular inputs lost
+    "barrier-before-gathered": ("dag", "aligned", 30),  # records before a barrier counted after it
+}
+
+
+def test_every_deliberate_bug_has_a_test() -> None:
+    assert set(WHERE) == set(BUGS) - {"none"}
+    assert set(MUTATIONS) <= set(WHERE)
+
+
+@pytest.mark.parametrize("bug", sorted(WHERE))
+def test_the_oracle_catches_a_deliberate_bug(bug: str) -> None:
+    topology, mode, within = WHERE[bug]
+    caught = next(((s, err) for s in range(within)
+                   if (err := run_seed(s, topology, bug=bug, mode=mode)) is not None), None)
     assert caught is not None, f"bug {bug} went unnoticed for {within} seeds"
     seed, err = caught
     assert ("not exactly once" in err or "consistent cut" in err or "conservation" in err
             or "tokens logged" in err), err
     # The failure reproduces, with the same message.
-    assert run_seed(seed, topology, bug=bug) == err
+    assert run_seed(seed, topology, bug=bug, mode=mode) == err
+
+
+def test_a_mutation_lasts_only_as_long_as_its_seed() -> None:
+    """The production code is whole again after a mutated seed (and a failed one)."""
+    before = {name: getattr(owner, attr) for name, (_, owner, attr, _) in MUTATIONS.items()}
+    for bug in MUTATIONS:
+        run_seed(0, "dag", bug=bug)
+    assert {name: getattr(owner, attr) for name, (_, owner, attr, _) in MUTATIONS.items()} == before
+    assert run_seed(0, "dag") is None
+
+
+def test_the_tasks_are_the_production_tasks() -> None:
+    """No mirror: the simulation's tasks are runtime.task.Task, over in-memory links."""
+    sim = Sim(3, "cycle")
+    assert {type(t) for t in sim.tasks.values()} == {Task}
+    assert all(isinstance(ch.wire, MemoryLink) for t in sim.tasks.values() for ch in t.inputs.values())
 
 
 def test_same_seed_same_trace() -> None:
@@ -116,4 +149,4 @@ def test_a_violation_is_a_sim_failure() -> None:
     sim.run()
     sim.output.append((0, 99))
     with pytest.raises(SimFailure, match="not exactly once"):
-        sim.check_final()
+        oracle.check_final(sim)
