@@ -1,15 +1,17 @@
 """Testing kit for users' tests and ours (in the spirit of bytewax.testing).
 
 - ``TestingSource(items)``: a replayable in-memory source; offsets are list indices.
-  Put ``TestingSource.ABORT`` in the list to crash the worker (SIGKILL of itself) the
-  first time that point is reached, in the job's first attempt.
+  Put ``TestingSource.ABORT`` in the list to crash the worker (SIGKILL of itself; under
+  ``executor="inprocess"`` a ``SimulatedCrash``) the first time that point is reached, in
+  the job's first attempt.
 - ``GatedSource(inner, gate, after)``: ``inner``'s records, but each subtask holds (reads
   nothing, still takes checkpoints) after ``after`` records until the file ``gate`` exists:
   a job a test stops half-way (``stop_when``) can never finish first, whatever its speed.
 - ``CapturingSink(directory)``: an exactly-once sink (two-phase commit, like FileSink)
   whose committed records you read back with ``records()``.
-- ``fail_at(n, kind)``: a map function that raises (or SIGKILLs its own worker) at the
-  n-th record it sees in the first attempt; after recovery it lets records through.
+- ``fail_at(n, kind)``: a map function that raises (or crashes its own worker, as
+  ``crash()`` does) at the n-th record it sees in the first attempt; after recovery it
+  lets records through.
 - ``KillOnCheckpoints(after, seed)``: the driver SIGKILLs a seeded-random live worker right
   after the n-th completed checkpoints (n in ``after``), so each kill is followed by a
   restore from a checkpoint. Pass as ``chaos=`` to ``run``; tests prefer it.
@@ -79,7 +81,7 @@ class TestingSource(Source[T]):
         batch = [self.items[i] for i in r]
         if any(isinstance(item, _Abort) for item in batch):
             if self.ctx.attempt == 0:
-                os.kill(os.getpid(), signal.SIGKILL)
+                crash()
             batch = [item for item in batch if not isinstance(item, _Abort)]
         return batch
 
@@ -167,7 +169,7 @@ def fail_at(n: int, kind: str = "raise", attempts: tuple[int, ...] = (0,)) -> Ca
         seen += 1
         if seen == n and _current_attempt() in attempts:
             if kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
+                crash()
             raise RuntimeError(f"injected failure at record {n}: {record!r}")
         return record
 
@@ -177,6 +179,20 @@ def fail_at(n: int, kind: str = "raise", attempts: tuple[int, ...] = (0,)) -> Ca
 
 def _current_attempt() -> int:
     return int(os.environ.get("ABS_ENGINE_ATTEMPT", "0"))
+
+
+class SimulatedCrash(Exception):
+    """What ``crash()`` raises under the in-process executor, which has no worker process
+    to kill: the attempt fails as if its worker had died, and the job restarts."""
+
+
+def crash() -> None:
+    """End this worker as a SIGKILL does: in a worker process, SIGKILL itself; under the
+    in-process executor (ABS_ENGINE_INPROCESS set while it runs: killing the process would
+    kill the user's program), raise SimulatedCrash."""
+    if os.environ.get("ABS_ENGINE_INPROCESS"):
+        raise SimulatedCrash("a simulated worker crash (TestingSource.ABORT or fail_at(kind='kill'))")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _kill_one(rng: random.Random, pids: dict[str, int]) -> str | None:

@@ -14,7 +14,7 @@ from ..monitor.model import CheckpointStat, CheckpointStatus, RecoveryEvent, Sub
 from ..runtime.channel import DEFAULT_BUFFER
 
 MODES = ("aligned", "unaligned", "none", "stop-the-world")
-EXECUTORS = ("local", "spark")
+EXECUTORS = ("local", "spark", "inprocess")
 RESUME = (False, True, "if-present")
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 #: Bytes of back-edge input a task holds in memory before it spills the rest to disk.
@@ -30,8 +30,12 @@ class JobConfig:
 
     ``executor``
         who starts the workers: "local" (the default: one OS process per task on this
-        machine) or "spark" (the workers run inside a Spark barrier stage on the cluster of
-        ``spark``, a SparkSession, or of the embedded local session; see executors/spark.py).
+        machine), "spark" (the workers run inside a Spark barrier stage on the cluster of
+        ``spark``, a SparkSession, or of the embedded local session; see executors/spark.py),
+        or "inprocess" (every task in the calling thread, over in-memory channels: for unit
+        tests and for debugging with breakpoints, as Bytewax's ``run_main``; checkpoints,
+        recovery and exactly-once output as with the others, on one core, and no
+        ``task_timeout`` watchdog or chaos: see executors/inprocess.py).
     ``spark``
         the SparkSession of executor="spark" (None: the embedded local session).
     ``mode``

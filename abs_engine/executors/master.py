@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import selectors
 import shutil
 import signal
 import socket
@@ -34,12 +33,10 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .. import auth, codec, codeship, fs, messages
+from .. import auth, codeship, fs, messages
 from ..tls import Material
-from ..wire import Wire
 from ..checkpoint import fence
 from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.directory import prepare as prepare_directory
@@ -49,8 +46,7 @@ from ..checkpoint.remote import RemoteStorage, control_dir, open_storage
 from ..checkpoint.rescale import restore_specs
 from ..checkpoint.savepoint import load_savepoint, write_savepoint
 from ..checkpoint.storage import CheckpointStorage, Metadata
-from ..errors import (AbsEngineError, CheckpointError, CheckpointErrorReason, ConfigError, JobFailed, JobInterrupted,
-                      ProtocolError, ProtocolErrorReason)
+from ..errors import (AbsEngineError, CheckpointError, CheckpointErrorReason, ConfigError, JobFailed, JobInterrupted)
 from ..graph import LogicalGraph
 from ..plan import Plan
 from ..monitor.model import CheckpointStatus
@@ -58,7 +54,9 @@ from ..monitor.store import StatsWriter
 from ..monitor.tracker import JobState, JobTracker
 from .config import JobConfig, JobResult
 from .job_control import ControlServer
-from .launcher import Launcher, WorkerProcess
+from .attempt import Attempt, ProcessAttempt
+from .failures import WorkerFailure, error_line
+from .launcher import Launcher
 from .requests import SavepointRequests
 
 if TYPE_CHECKING:
@@ -69,68 +67,8 @@ class JobCancelled(Exception):
     """``stop_when`` asked to stop: the workers are killed; run() returns the result."""
 
 
-def _error_line(traceback: str | None) -> str:
-    """The exception line of a traceback ("ValueError: bad input"), shortened."""
-    lines = [ln for ln in (traceback or "").strip().splitlines() if ln.strip()]
-    if not lines:
-        return ""
-    last = lines[-1].strip()
-    return last if len(last) <= 300 else last[:300] + "..."
-
-
-def _error_type(traceback: str | None) -> str:
-    """The exception's type from its line ("ValueError" of "ValueError: bad input"), or ""."""
-    head = _error_line(traceback).split(":", 1)[0].strip()
-    return head if head.replace(".", "").replace("_", "").isalnum() else ""
-
-
-class WorkerFailure(Exception):
-    """Why an attempt failed: the task, the operator, what happened and (when an operator
-    failed on a record) the record and its digest.
-
-    ``str()`` is the whole story, for the driver's log and the JobFailed the user gets;
-    ``public`` leaves out what may hold the job's data (the record, the exception's
-    message): it is what the dashboard, the metrics and the stored statistics show, which
-    people other than the job's owner may see."""
-
-    def __init__(self, task: str, operator: str | None, detail: str, traceback: str | None = None,
-                 fatal: bool = False, record: str = "", digest: str = "", error_type: str = ""):
-        text = f"task {task}" + (f", operator {operator!r}" if operator else "") + f": {detail}"
-        self.public = text
-        error = _error_line(traceback)
-        if error and detail == "raised an exception":
-            text += f": {error}"
-            kind = error_type or _error_type(traceback)
-            self.public += f": {kind}" if kind else ""
-        if record:
-            text += f"; record: {record}"
-        if self.public != text:
-            self.public += " (the message and the record are in the driver's log)"
-        super().__init__(text)
-        self.task = task
-        self.operator = operator
-        self.traceback = traceback
-        self.fatal = fatal
-        self.time = time.time()  #: when it was seen (recovery statistics: before the teardown)
-        self.record = record
-        self.digest = digest
-
-
-@dataclass
-class Worker:
-    task: str
-    proc: WorkerProcess
-    sock: socket.socket | None = None
-    wire: Wire | None = None
-    reader: codec.FrameReader = field(default_factory=lambda: codec.FrameReader(codec.MAX_CONTROL_FRAME))
-    running: bool = False
-    committed: bool = False
-    last_heard: float = field(default_factory=time.monotonic)
-    hello_pid: int | None = None  #: the pid the worker announced (it may run elsewhere)
-
-
 class JobMaster:
-    def __init__(self, graph: LogicalGraph, plan: Plan, config: JobConfig, launcher: Launcher):
+    def __init__(self, graph: LogicalGraph, plan: Plan, config: JobConfig, launcher: Launcher | None):
         self.graph = graph
         self.launcher = launcher
         self.plan = plan
@@ -309,7 +247,8 @@ class JobMaster:
     def _attempts(self, storage: CheckpointStorage) -> None:
         """Run attempts under the restart strategy until one succeeds or it gives up."""
         cfg = self.config
-        listener = socket.create_server((cfg.host, 0), backlog=512)
+        # Workers of every attempt connect here (the in-process executor has none).
+        listener = socket.create_server((cfg.host, 0), backlog=512) if cfg.executor != "inprocess" else None
         attempt = 0
         try:
             while True:
@@ -356,7 +295,7 @@ class JobMaster:
                     if f.operator is None:
                         self.result.workers_lost += 1  # died (a signal, a crash) or went silent
                     if f.operator == "<restore>" and meta is not None:
-                        self.unusable[meta.checkpoint_id] = _error_line(f.traceback) or str(f)
+                        self.unusable[meta.checkpoint_id] = error_line(f.traceback) or str(f)
                     repeat = bool(f.digest) and (f.operator, f.digest) in self.failed_records
                     if f.digest:
                         self.failed_records.add((f.operator, f.digest))
@@ -381,7 +320,8 @@ class JobMaster:
                     if cfg.restart_delay:
                         time.sleep(cfg.restart_delay)  # the restart strategy's delay, not synchronisation
         finally:
-            listener.close()
+            if listener is not None:
+                listener.close()
 
     def _log(self, msg: str) -> None:
         if self.config.progress:
@@ -389,7 +329,7 @@ class JobMaster:
 
     # ---- one attempt ------------------------------------------------------------------------
 
-    def _attempt(self, gen: int, listener: socket.socket, storage: CheckpointStorage,
+    def _attempt(self, gen: int, listener: socket.socket | None, storage: CheckpointStorage,
                  meta: Metadata | None, next_id: int, restore_root: str) -> None:
         cfg = self.config
         self.generation = gen
@@ -399,8 +339,6 @@ class JobMaster:
         self.records_before += sum(self.source_progress.values())
         self.source_progress = {}
         self.result.attempt_source_records.append(0)
-        host, port = listener.getsockname()[:2]
-        workers: dict[str, Worker] = {}
         secret = auth.new_secret()  # this attempt's: workers of older attempts do not know it
         material = Material.generate() if cfg.tls else None  # this attempt's too
         self.consecutive_expired = 0
@@ -417,165 +355,74 @@ class JobMaster:
         killed = fence.advance(self.control_dir, token)
         if killed:
             self._log(f"killed stale worker(s) {killed} that held the output fence (from a dead attempt)")
+
+        def deploy(task: str, peers: dict[str, tuple[str, int]]) -> messages.Deploy:
+            return messages.Deploy(
+                self.plan.to_dict(), self.code, peers, restores.get(task),
+                bool(meta is not None and meta.final), storage.root, token,
+                cfg.heartbeat_interval, cfg.task_timeout, cfg.startup_timeout,
+                fence_dir=self.control_dir, snapshot_encoding=cfg.snapshot_encoding,
+                incremental=cfg.incremental_checkpoints and cfg.mode != "none",
+                aligned_timeout=cfg.aligned_timeout if cfg.aligned_timeout is not None else -1.0,
+                unaligned=cfg.mode == "unaligned",
+                channel_state_memory=-1 if cfg.channel_state_memory is None else cfg.channel_state_memory,
+                channel_buffer=cfg.channel_buffer or 0,
+                loop_memory=-1 if cfg.loop_memory is None else cfg.loop_memory,
+                loop_disk=-1 if cfg.loop_disk is None else cfg.loop_disk,
+                loop_spill_dir=cfg.loop_spill_dir or "")
+
+        attempt = self._new_attempt(gen, listener, secret, material, fence.worker_identity(self.control_dir, token))
         try:
             try:
-                procs = self.launcher.start([t.id for t in self.plan.tasks], (host, port), gen, secret, material,
-                                            env=fence.worker_identity(self.control_dir, token))
+                pids = attempt.start(deploy)
             except AbsEngineError as err:
                 if gen == 0:
                     raise  # the cluster cannot run this job at all (too few slots): say so at once
                 raise WorkerFailure("*", None, f"could not start the workers again: {err}") from None
-            workers.update({t: Worker(t, p) for t, p in procs.items()})
-            peers = self._accept_hellos(listener, workers, gen, secret, material)
-            for t in self.plan.tasks:
-                restore = restores.get(t.id)
-                self._send(workers[t.id], messages.Deploy(
-                    self.plan.to_dict(), self.code, peers, restore,
-                    bool(meta is not None and meta.final), storage.root, token,
-                    cfg.heartbeat_interval, cfg.task_timeout, cfg.startup_timeout,
-                    fence_dir=self.control_dir, snapshot_encoding=cfg.snapshot_encoding,
-                    incremental=cfg.incremental_checkpoints and cfg.mode != "none",
-                    aligned_timeout=cfg.aligned_timeout if cfg.aligned_timeout is not None else -1.0,
-                    unaligned=cfg.mode == "unaligned",
-                    channel_state_memory=-1 if cfg.channel_state_memory is None else cfg.channel_state_memory,
-                    channel_buffer=cfg.channel_buffer or 0,
-                    loop_memory=-1 if cfg.loop_memory is None else cfg.loop_memory,
-                    loop_disk=-1 if cfg.loop_disk is None else cfg.loop_disk,
-                    loop_spill_dir=cfg.loop_spill_dir or ""))
-            self._drive(workers, storage, meta, next_id)
+            self.tracker.workers_connected(pids)
+            self._drive(attempt, storage, meta, next_id)
         finally:
-            self.launcher.stop({t: w.proc for t, w in workers.items()}, timeout=10.0)
-            for w in workers.values():
-                if w.sock is not None:
-                    w.sock.close()
+            attempt.close()
 
-    def _accept_hellos(self, listener: socket.socket, workers: dict[str, Worker], gen: int,
-                       secret: bytes, material: Material | None) -> dict[str, tuple[str, int]]:
-        """Every worker's Hello, over connections that proved this attempt's secret first.
-        Strangers, stragglers of older attempts (another secret) and stalled handshakes are
-        dropped without failing anything."""
-        deadline = time.monotonic() + self.config.startup_timeout
-        peers: dict[str, tuple[str, int]] = {}
-        pending: dict[socket.socket, auth.Incoming] = {}
-        sel = selectors.DefaultSelector()
-        sel.register(listener, selectors.EVENT_READ, None)
+    def _new_attempt(self, gen: int, listener: socket.socket | None, secret: bytes, material: Material | None,
+                     env: dict[str, str]) -> Attempt:
+        tasks = [t.id for t in self.plan.tasks]
+        if self.config.executor == "inprocess":
+            from .inprocess import InProcessAttempt
 
-        def drop(sock: socket.socket) -> None:
-            sel.unregister(sock)
-            pending.pop(sock, None)
-            sock.close()
+            return InProcessAttempt(tasks, gen)
+        assert self.launcher is not None and listener is not None
+        attempt = ProcessAttempt(tasks, self.launcher, listener, gen, secret, material, env,
+                                 self.config.startup_timeout, lambda: None, self._log)
+        attempt.on_wait = lambda: self._chaos(attempt)
+        return attempt
 
-        try:
-            while len(peers) < len(workers):
-                self._check_alive(workers)
-                self._chaos(workers)
-                now = time.monotonic()
-                if now > deadline:
-                    missing = sorted(set(workers) - set(peers))
-                    raise WorkerFailure("*", None, f"workers {missing} did not connect within "
-                                                   f"{self.config.startup_timeout}s")
-                for sock in [s for s, h in pending.items() if h.hs.expired(now)]:
-                    drop(sock)
-                for key, _ in sel.select(timeout=0.05):
-                    if key.data is None:
-                        if (new := auth.admit(listener, secret, codec.MAX_CONTROL_FRAME, pending, drop, material)) is not None:
-                            pending[new.sock] = new
-                            sel.register(new.sock, selectors.EVENT_READ, new.sock)
-                        continue
-                    sock = key.data
-                    conn = pending[sock]
-                    try:
-                        frame = conn.on_readable()
-                        if frame is None:
-                            continue
-                        msg = messages.decode(frame[1])
-                    except (OSError, ProtocolError) as e:
-                        if conn.hs.done:
-                            self._log(f"dropped a connection that broke the protocol after authenticating: {e}")
-                        drop(sock)
-                        continue
-                    sel.unregister(sock)
-                    del pending[sock]
-                    if isinstance(msg, messages.Failed) and msg.task in workers:
-                        raise WorkerFailure(msg.task, msg.operator, "failed at start-up", msg.traceback, msg.fatal)
-                    if not isinstance(msg, messages.Hello) or msg.generation != gen or msg.task not in workers \
-                            or msg.task in peers:
-                        sock.close()
-                        continue
-                    w = workers[msg.task]
-                    w.sock, w.wire, w.reader = sock, conn.wire, conn.reader
-                    w.hello_pid = msg.pid
-                    w.last_heard = time.monotonic()
-                    peers[msg.task] = (msg.host, msg.port)
-        finally:
-            sel.close()
-            for s in pending:
-                s.close()
-        self.tracker.workers_connected({t: w.hello_pid or w.proc.pid for t, w in workers.items()})
-        return peers
-
-    def _send(self, w: Worker, msg: messages.Message) -> None:
-        assert w.wire is not None
-        try:
-            w.wire.sendall(messages.encode(msg))
-        except OSError:
-            self._check_alive({w.task: w})
-            raise WorkerFailure(w.task, None, "control connection lost") from None
-
-    def _check_alive(self, workers: dict[str, Worker]) -> None:
-        for w in workers.values():
-            code = w.proc.poll()
-            # Status 0 is judged on the control connection: EOF before Committed is a failure.
-            # A worker that already committed the final checkpoint has done all its work.
-            if code is not None and code != 0 and not w.committed:
-                raise self._failure_of(w, code)
-
-    def _failure_of(self, w: Worker, code: int) -> WorkerFailure:
-        """Why a dead worker died: its own Failed message (operator, user traceback, fatal)
-        if it sent one before exiting, else its exit status."""
-        if w.wire is not None:
-            try:
-                while (data := w.wire.recv(1 << 20, socket.MSG_DONTWAIT)) != b"":
-                    if data is not None:
-                        w.reader.feed(data)
-            except OSError:
-                pass
-            try:
-                while (frame := w.reader.next_frame()) is not None:
-                    m = messages.decode(frame[1])
-                    if isinstance(m, messages.Failed) and m.task == w.task \
-                            and not m.operator.startswith(("<upstream", "<downstream")):
-                        return WorkerFailure(m.task, m.operator, "raised an exception", m.traceback, m.fatal,
-                                             m.record, m.digest, m.error_type)
-            except ProtocolError:
-                pass  # its last words are garbled: fall back to the exit status
-        return WorkerFailure(w.task, None, f"worker process {w.proc.pid or '?'} {w.proc.describe_exit(code)}")
-
-    def _chaos(self, workers: dict[str, Worker]) -> None:
+    def _chaos(self, attempt: Attempt) -> None:
         chaos = self.config.chaos
         if chaos is None:
             return
-        victim = chaos.poll(time.monotonic() - self.started, _live_pids(workers))
+        victim = chaos.poll(time.monotonic() - self.started, attempt.live_pids())
         if victim is not None:
             self.result.kills += 1
             self._log(f"chaos: SIGKILL {victim}")
 
-    def _chaos_on_checkpoint(self, checkpoint_id: int, workers: dict[str, Worker]) -> None:
+    def _chaos_on_checkpoint(self, checkpoint_id: int, attempt: Attempt) -> None:
         """Chaos that kills on checkpoint events (``chaos.on_checkpoint(id, pids)``): a kill
         after a completed checkpoint is sure to be followed by a restore from one."""
         hook = getattr(self.config.chaos, "on_checkpoint", None)
         if hook is None:
             return
-        victim = hook(checkpoint_id, _live_pids(workers))
+        victim = hook(checkpoint_id, attempt.live_pids())
         if victim is not None:
             self.result.kills += 1
             self._log(f"chaos: SIGKILL {victim} after checkpoint {checkpoint_id}")
 
-    def _drive(self, workers: dict[str, Worker], storage: CheckpointStorage, meta: Metadata | None, next_id: int) -> None:
+    def _drive(self, attempt: Attempt, storage: CheckpointStorage, meta: Metadata | None, next_id: int) -> None:
         cfg = self.config
+        attempt_tasks = [t.id for t in self.plan.tasks]
         final_restore = meta is not None and meta.final
         coord = CheckpointCoordinator(
-            self.plan.job, self.fingerprint, list(workers), self.source_tasks, storage,
+            self.plan.job, self.fingerprint, list(attempt_tasks), self.source_tasks, storage,
             cfg.checkpoint_interval if cfg.mode != "none" else None,
             cfg.checkpoint_timeout, cfg.max_concurrent_checkpoints, next_id,
             loops=self.plan.loops(),
@@ -586,61 +433,33 @@ class JobMaster:
             job_id=self.job_id,
             layout=self.layout,
         )
-        sel = selectors.DefaultSelector()
-        for w in workers.values():
-            assert w.sock is not None
-            sel.register(w.sock, selectors.EVENT_READ, w)
-            w.last_heard = time.monotonic()
+        self.running: set[str] = set()
         next_progress = time.monotonic() + 1.0
         running_deadline = time.monotonic() + cfg.startup_timeout  # restore included
         started = False
         try:
-            while not all(w.committed for w in workers.values()):
-                self._chaos(workers)
+            while attempt.committed != set(attempt_tasks):
+                self._chaos(attempt)
                 now = time.monotonic()
                 deadline = coord.deadline() if started else None
                 timeout = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
-                for key, _ in sel.select(timeout=timeout):
-                    w = key.data
-                    assert w.wire is not None
+                for task, msg in attempt.receive(timeout):
                     try:
-                        data = w.wire.recv(1 << 20)
-                    except OSError:
-                        data = b""
-                    if data is None:
-                        continue  # part of a TLS record
-                    if not data:
-                        sel.unregister(w.sock)
-                        if w.committed:
-                            continue
-                        _await_exit(w.proc, 5.0)
-                        self._check_alive({w.task: w})
-                        raise WorkerFailure(w.task, None, "worker closed its control connection")
-                    w.last_heard = time.monotonic()
-                    try:
-                        w.reader.feed(data)
-                        while (frame := w.reader.next_frame()) is not None:
-                            msg = messages.decode(frame[1])
-                            if getattr(msg, "task", w.task) != w.task:
-                                raise ProtocolError(ProtocolErrorReason.MALFORMED,
-                                                    f"a message claims to come from task {msg.task!r}")  # type: ignore[attr-defined]
-                            self._on_message(w, msg, coord, workers)
-                    except ProtocolError as e:
-                        raise WorkerFailure(w.task, None, f"broke the control protocol ({e})") from None
+                        self._on_message(task, msg, coord, attempt)
                     except (TypeError, ValueError, KeyError, AttributeError) as e:
                         # well typed (decode checks that) but naming what does not exist: that worker's fault
-                        raise WorkerFailure(w.task, None, f"sent a malformed message ({type(e).__name__}: {e})") \
+                        raise WorkerFailure(task, None, f"sent a malformed message ({type(e).__name__}: {e})") \
                             from None
                 now = time.monotonic()
                 if not started:
-                    if all(w.running for w in workers.values()):
+                    if self.running == set(attempt_tasks):
                         started = True
                         self.result.running_after_s = time.monotonic() - self.started
                         self.tracker.all_running()
                         self.result.recoveries = list(self.tracker.recoveries)
                         coord.start()
                     elif now > running_deadline:
-                        late = sorted(t for t, w in workers.items() if not w.running)
+                        late = sorted(set(attempt_tasks) - self.running)
                         raise WorkerFailure(late[0], None, f"tasks {late} did not restore and start within "
                                                            f"startup_timeout={cfg.startup_timeout}s")
                 if started and not final_restore:
@@ -656,11 +475,10 @@ class JobMaster:
                         self.savepoint_requested = False
                         coord.request_savepoint(stop=False)
                     for task, m in coord.poll():
-                        self._send(workers[task], m)
+                        attempt.send(task, m)
                     self._track_triggers(coord)
                     self._on_expired(coord)
-                self._check_alive(workers)
-                self._check_heartbeats(workers, now)
+                attempt.check(now, cfg.task_timeout)
                 if cfg.stop_when is not None and cfg.stop_when(self.result):
                     raise JobCancelled()
                 if time.monotonic() >= next_progress:
@@ -672,16 +490,15 @@ class JobMaster:
                 if self.stats_writer is not None:
                     self.stats_writer.write(self.tracker)
         finally:
-            sel.close()
             # Every id this attempt triggered, sent or not: the next attempt starts above them.
             self.highest_id = max(self.highest_id, coord.next_id - 1)
         if cfg.progress:
             self._print_progress(coord)
         if self.result.stopped_with_savepoint:  # every task committed it and waits: now they may go
-            for w in workers.values():
+            for task in attempt_tasks:
                 with contextlib.suppress(WorkerFailure):  # one that is gone already has committed
-                    self._send(w, messages.Shutdown())
-        self.launcher.wait_exit({t: w.proc for t, w in workers.items()}, timeout=30.0)  # exit after Committed
+                    attempt.send(task, messages.Shutdown())
+        attempt.finish()
 
     def _savepoint(self, coord: CheckpointCoordinator, meta: Metadata) -> None:
         """Checkpoint ``meta`` is the savepoint asked for: copy it out of retention's reach.
@@ -726,24 +543,9 @@ class JobMaster:
                                     f"acknowledged by {shown}")
         coord.expired.clear()
 
-    def _check_heartbeats(self, workers: dict[str, Worker], now: float) -> None:
-        """A worker silent for task_timeout (no heartbeat: stopped, or stuck holding the
-        GIL) fails its task; its Python stacks go to stderr (faulthandler, SIGUSR1)."""
-        limit = self.config.task_timeout
-        if not limit:
-            return
-        for w in workers.values():
-            if w.committed or now - w.last_heard <= limit:
-                continue
-            w.proc.dump_stacks()
-            raise WorkerFailure(w.task, None, f"worker {w.proc.pid or '?'} sent nothing for {now - w.last_heard:.1f}s "
-                                              f"(task_timeout={limit:g}s): it is stopped, or stuck without "
-                                              "releasing the GIL; its Python stacks were dumped to stderr")
-
-    def _on_message(self, w: Worker, msg: messages.Message, coord: CheckpointCoordinator,
-                    workers: dict[str, Worker]) -> None:
+    def _on_message(self, task: str, msg: messages.Message, coord: CheckpointCoordinator, attempt: Attempt) -> None:
         if isinstance(msg, messages.Running):
-            w.running = True
+            self.running.add(task)
             self.tracker.task_running(msg.task)
         elif isinstance(msg, messages.Progress):
             self.source_progress[msg.task] = msg.records_in
@@ -759,27 +561,27 @@ class JobMaster:
                 if meta.checkpoint_id == coord.savepoint_id or (meta.final and coord.savepoint_requested):
                     self._savepoint(coord, meta)  # (the job's final checkpoint came first: it is the savepoint)
                 for task, m in coord.notifications(meta):
-                    self._send(workers[task], m)
-                self._chaos_on_checkpoint(meta.checkpoint_id, workers)
+                    attempt.send(task, m)
+                self._chaos_on_checkpoint(meta.checkpoint_id, attempt)
                 if coord.just_drained:
                     self._log(f"checkpoint {meta.checkpoint_id} proves loop(s) {coord.just_drained} drained: "
                               "ending them")
                     for task, m in coord.end_loop_messages(coord.just_drained):
-                        self._send(workers[task], m)
+                        attempt.send(task, m)
         elif isinstance(msg, messages.Finished):
             self.tracker.task_finished(msg.task, msg.records_in, msg.records_out)
             if msg.task in self.source_tasks:
                 self.source_progress[msg.task] = msg.records_in
             for task, m in coord.on_finished(msg.task):
-                self._send(workers[task], m)
+                attempt.send(task, m)
         elif isinstance(msg, messages.Counts):
             for task, m in coord.on_counts(msg):
-                self._send(workers[task], m)
+                attempt.send(task, m)
         elif isinstance(msg, messages.InputsEnded):
             for task, m in coord.on_inputs_ended(msg.task):
-                self._send(workers[task], m)
+                attempt.send(task, m)
         elif isinstance(msg, messages.Committed):
-            w.committed = True
+            pass  # the attempt counts it (attempt.committed)
         elif isinstance(msg, messages.Heartbeat):
             if msg.records_in >= 0:  # (last_heard is updated for every frame)
                 self.tracker.task_metrics(msg.task, msg.records_in, msg.records_out, msg.send_s, time.monotonic())
@@ -794,25 +596,10 @@ class JobMaster:
             if msg.operator.startswith("<upstream") or msg.operator == "<downstream>":
                 suspect = msg.operator[len("<upstream:"):-1] if msg.operator.startswith("<upstream:") else None
                 suspect = None if suspect in (None, "None") else suspect
-                self._root_cause(workers, exclude=msg.task, suspect=suspect)
+                attempt.root_cause(exclude=msg.task, suspect=suspect)
             detail = "raised an exception" if not msg.digest.startswith("stuck:") else "was stuck"
             raise WorkerFailure(msg.task, msg.operator, detail, msg.traceback, msg.fatal, msg.record, msg.digest,
                                 msg.error_type)
-
-    def _root_cause(self, workers: dict[str, Worker], exclude: str, suspect: str | None) -> None:
-        """A task lost a peer: raise the failure of the worker that really died, if any.
-
-        Its own Failed message (a user exception) wins over a bare exit status."""
-        candidates = [w for w in workers.values() if w.task != exclude and not w.committed
-                      and (suspect is None or w.task == suspect)]
-        deadline = time.monotonic() + 2.0
-        dead: list[tuple[Worker, int]] = []
-        while not dead and time.monotonic() < deadline:
-            dead = [(w, c) for w in candidates if (c := w.proc.poll()) is not None and c != 0]
-            if not dead:
-                time.sleep(0.005)  # reaping a process that is dying; bounded by the deadline
-        for w, code in dead:
-            raise self._failure_of(w, code)
 
     def _print_progress(self, coord: CheckpointCoordinator) -> None:
         elapsed = time.monotonic() - self.started
@@ -834,20 +621,6 @@ class JobMaster:
         return self.result.source_records
 
 
-def _live_pids(workers: dict[str, Worker]) -> dict[str, int]:
-    """task -> pid of the workers still running that have a pid here (for chaos)."""
-    return {t: pid for t, w in workers.items()
-            if w.proc.poll() is None and (pid := w.proc.pid or w.hello_pid) is not None}
-
-
-def _await_exit(proc: WorkerProcess, timeout: float) -> None:
-    """Give a worker whose connection closed a moment to exit, so its status explains why
-    (polling the launcher; bounded by ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-
-
 def run_job(flow: "Dataflow", config: JobConfig) -> JobResult:
     """Compile ``flow`` and run it on the executor ``config.executor`` names."""
     plan = flow.compile()
@@ -858,12 +631,16 @@ def run_job(flow: "Dataflow", config: JobConfig) -> JobResult:
         master = JobMaster(flow.graph, plan, config, launcher)
         res = master.run()
     finally:
-        launcher.close()
+        if launcher is not None:
+            launcher.close()
     master.count_source_records()
     return res
 
 
-def make_launcher(config: JobConfig, reserve_slots: int = 0) -> Launcher:
+def make_launcher(config: JobConfig, reserve_slots: int = 0) -> Launcher | None:
+    """Who starts the workers (None: the in-process executor has none)."""
+    if config.executor == "inprocess":
+        return None
     if config.executor == "local":
         from .local import LocalLauncher
 
