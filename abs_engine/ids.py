@@ -24,3 +24,23 @@ def task_id(head: str, index: int) -> TaskId:
 
 def channel_id(producer: str, consumer: str) -> ChannelId:
     return ChannelId(f"{producer}->{consumer}")
+
+
+def producer_of(channel: str) -> TaskId:
+    """The producer task of channel "<producer>-><consumer>"."""
+    return TaskId(channel.split("->", 1)[0])
+
+
+def consumer_of(channel: str) -> TaskId:
+    """The consumer task of channel "<producer>-><consumer>"."""
+    return TaskId(channel.split("->", 1)[1])
+
+
+def head_of(task: str) -> OperatorId:
+    """The head operator of task "<head>#<index>"."""
+    return OperatorId(task.rsplit("#", 1)[0])
+
+
+def index_of(task: str) -> int:
+    """The subtask index of task "<head>#<index>"."""
+    return int(task.rsplit("#", 1)[1])

@@ -9,6 +9,7 @@ so the hot path never builds an object per batch.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from dataclasses import dataclass
@@ -44,16 +45,15 @@ class Deploy(Message):
     fence_dir: str = ""  #: the directory of the fence file ("": checkpoint_dir, which is local)
     snapshot_encoding: str = "auto"  #: "auto", "fork" or "inline" (runtime/snapshot_encoding.py)
     incremental: bool = False  #: write keyed state as deltas (checkpoint/incremental.py)
-    #: Seconds an aligned checkpoint may align before it turns unaligned (< 0: never).
-    aligned_timeout: float = -1.0
+    #: Seconds an aligned checkpoint may align before it turns unaligned (None: never).
+    aligned_timeout: float | None = None
     unaligned: bool = False  #: the job's checkpoints are unaligned (mode="unaligned")
-    #: Bytes of channel state one checkpoint may hold in memory before it spills (< 0: never).
-    channel_state_memory: int = -1
+    #: Bytes of channel state one checkpoint may hold in memory before it spills (None: never).
+    channel_state_memory: int | None = None
     channel_buffer: int = 0  #: kernel buffer bytes per direction of a data channel (0: the kernel's)
-    #: Bytes of back-edge input a task holds in memory before it spills (< 0: no bound; a
-    #: driver that predates the field sends none, and its workers keep every byte in memory).
-    loop_memory: int = -1
-    loop_disk: int = -1  #: bytes of back-edge input a task may spill before LoopOverflow (< 0: no bound)
+    #: Bytes of back-edge input a task holds in memory before it spills (None: no bound).
+    loop_memory: int | None = None
+    loop_disk: int | None = None  #: bytes of back-edge input a task may spill before LoopOverflow (None: no bound)
     loop_spill_dir: str = ""  #: where back-edge input spills ("": the system's temporary directory)
 
 
@@ -122,11 +122,11 @@ class Heartbeat(Message):
 
     TAG: ClassVar[str] = "heartbeat"
     task: str
-    #: The task's counters so far in this attempt, for the dashboard and metrics (-1: not
+    #: The task's counters so far in this attempt, for the dashboard and metrics (None: not
     #: known yet): records processed (read, for a source), records emitted, and seconds
     #: spent sending on data channels (blocked by backpressure, mostly).
-    records_in: int = -1
-    records_out: int = -1
+    records_in: int | None = None
+    records_out: int | None = None
     send_s: float = 0.0
 
 
@@ -230,11 +230,26 @@ class Committed(Message):
     task: str
 
 
+class FailureCause(enum.Enum):
+    """Why a task failed, as the driver classifies it."""
+
+    OPERATOR = "operator"  #: user code of ``operator`` raised (on ``record``, when known)
+    STUCK = "stuck"  #: ``operator`` was inside one call longer than task_timeout
+    LOOP_NOT_QUIET = "loop-not-quiet"  #: records came round a loop proven drained
+    UPSTREAM_LOST = "upstream-lost"  #: an input's producer (``peer``) went away: collateral damage
+    DOWNSTREAM_LOST = "downstream-lost"  #: a consumer went away while this task sent to it
+    RESTORE = "restore"  #: the task could not read back its checkpoint
+    WRITER = "writer"  #: the snapshot writer failed (not user code)
+    SETUP = "setup"  #: the worker cannot run at all (its environment)
+    RUNTIME = "runtime"  #: anything else in the engine
+
+
 @dataclass(frozen=True)
 class Failed(Message):
     TAG: ClassVar[str] = "failed"
     task: str
-    operator: str
+    cause: FailureCause
+    operator: str | None  #: the operator whose code failed or got stuck (None: not an operator's)
     traceback: str
     fatal: bool  #: retrying cannot help (e.g. state that msgpack cannot encode)
     record: str = ""  #: a truncated repr of the record the operator failed on, if known
@@ -242,6 +257,12 @@ class Failed(Message):
     #: The type of the exception the user's code raised ("ValueError"), with no message: what
     #: the dashboard may show of it ("" if unknown: the driver reads it off the traceback).
     error_type: str = ""
+    peer: str | None = None  #: UPSTREAM_LOST: the producer task that went away, if known
+
+    @property
+    def collateral(self) -> bool:
+        """Lost a peer: the real failure is elsewhere (the driver looks for it)."""
+        return self.cause in (FailureCause.UPSTREAM_LOST, FailureCause.DOWNSTREAM_LOST)
 
 
 @dataclass(frozen=True)
@@ -263,8 +284,12 @@ _REGISTRY: dict[str, type[Message]] = {
 
 
 def encode(msg: Message) -> bytes:
-    fields = [getattr(msg, f.name) for f in dataclasses.fields(msg)]
+    fields = [_wire_value(getattr(msg, f.name)) for f in dataclasses.fields(msg)]
     return codec.frame(codec.FrameKind.CONTROL, codec.pack([msg.TAG, *fields]))
+
+
+def _wire_value(v: Any) -> Any:
+    return v.value if isinstance(v, enum.Enum) else v
 
 
 def _wire_types(cls: type[Message]) -> list[tuple[str, tuple[type, ...]]]:
@@ -283,6 +308,12 @@ def _wire_types(cls: type[Message]) -> list[tuple[str, tuple[type, ...]]]:
     return out
 
 
+#: Per message tag, the fields that travel as an enum's value: field -> the enum.
+_ENUMS: dict[str, dict[str, type[enum.Enum]]] = {
+    cls.TAG: {f: h for f, h in typing.get_type_hints(cls).items() if isinstance(h, type) and issubclass(h, enum.Enum)}
+    for cls in _REGISTRY.values()}
+
+
 _TYPES = {tag: _wire_types(cls) for tag, cls in _REGISTRY.items()}
 
 
@@ -298,6 +329,10 @@ def decode(payload: bytes) -> Message:
         cls = _REGISTRY.get(tag)
         if cls is None:
             raise ValueError(f"unknown message tag {tag[:40]!r}")
+        enums = _ENUMS[tag]
+        if enums:
+            names = [f.name for f in dataclasses.fields(cls)]
+            fields = [enums[n](v) if n in enums else v for n, v in zip(names, fields)]
         msg = cls(*fields)
         for name, allowed in _TYPES[tag]:
             if not isinstance(getattr(msg, name), allowed):

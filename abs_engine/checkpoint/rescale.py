@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import ids
 from ..errors import RescaleError, RescaleErrorReason
 from ..plan import Plan, operator_kind
 from .storage import Metadata
@@ -85,7 +86,7 @@ def _inflight(plan: Plan, index: int, parallelism: int, chain: tuple[str, ...],
     unkeyed under the same name (_check refuses a changed kind)."""
     out = []
     for op in chain:
-        olds = [t for t in old_ops.get(op, []) if t.rsplit("#", 1)[0] == op]
+        olds = [t for t in old_ops.get(op, []) if ids.head_of(t) == op]
         if not olds:
             continue  # it headed no old task: nothing was in flight into it at the cut
         same = len(olds) == parallelism

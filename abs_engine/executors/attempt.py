@@ -155,7 +155,7 @@ class ProcessAttempt:
                     sel.unregister(sock)
                     del pending[sock]
                     if isinstance(msg, messages.Failed) and msg.task in workers:
-                        raise WorkerFailure(msg.task, msg.operator, "failed at start-up", msg.traceback, msg.fatal)
+                        raise WorkerFailure.of(msg, "failed at start-up")
                     if not isinstance(msg, messages.Hello) or msg.generation != self.generation \
                             or msg.task not in workers or msg.task in peers:
                         sock.close()
@@ -249,10 +249,8 @@ class ProcessAttempt:
             try:
                 while (frame := w.reader.next_frame()) is not None:
                     m = messages.decode(frame[1])
-                    if isinstance(m, messages.Failed) and m.task == w.task \
-                            and not m.operator.startswith(("<upstream", "<downstream")):
-                        return WorkerFailure(m.task, m.operator, "raised an exception", m.traceback, m.fatal,
-                                             m.record, m.digest, m.error_type)
+                    if isinstance(m, messages.Failed) and m.task == w.task and not m.collateral:
+                        return WorkerFailure.of(m)
             except ProtocolError:
                 pass  # its last words are garbled: fall back to the exit status
         return WorkerFailure(w.task, None, f"worker process {w.proc.pid or '?'} {w.proc.describe_exit(code)}")

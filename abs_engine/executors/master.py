@@ -36,6 +36,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .. import auth, codeship, fs, messages
+from ..messages import FailureCause
 from ..tls import Material
 from ..checkpoint import fence
 from ..checkpoint.coordinator import CheckpointCoordinator
@@ -294,13 +295,15 @@ class JobMaster:
                         self.result.add_checkpoint(stat)
                     if f.operator is None:
                         self.result.workers_lost += 1  # died (a signal, a crash) or went silent
-                    if f.operator == "<restore>" and meta is not None:
+                    if f.cause is FailureCause.RESTORE and meta is not None:
                         self.unusable[meta.checkpoint_id] = error_line(f.traceback) or str(f)
-                    repeat = bool(f.digest) and (f.operator, f.digest) in self.failed_records
-                    if f.digest:
-                        self.failed_records.add((f.operator, f.digest))
+                    # A record, or a stuck operator: the same again after a restart cannot pass.
+                    again = f.digest or ("stuck" if f.cause is FailureCause.STUCK else "")
+                    repeat = bool(again) and (f.operator, again) in self.failed_records
+                    if again:
+                        self.failed_records.add((f.operator, again))
                     if f.fatal or repeat or attempt >= cfg.restart_attempts:
-                        if repeat and f.digest.startswith("stuck:"):
+                        if repeat and f.cause is FailureCause.STUCK:
                             why = ("got stuck again in the same operator after a restart, so retrying cannot help "
                                    "(raise task_timeout if the call is only slow)")
                         elif repeat:
@@ -363,12 +366,9 @@ class JobMaster:
                 cfg.heartbeat_interval, cfg.task_timeout, cfg.startup_timeout,
                 fence_dir=self.control_dir, snapshot_encoding=cfg.snapshot_encoding,
                 incremental=cfg.incremental_checkpoints and cfg.mode != "none",
-                aligned_timeout=cfg.aligned_timeout if cfg.aligned_timeout is not None else -1.0,
-                unaligned=cfg.mode == "unaligned",
-                channel_state_memory=-1 if cfg.channel_state_memory is None else cfg.channel_state_memory,
-                channel_buffer=cfg.channel_buffer or 0,
-                loop_memory=-1 if cfg.loop_memory is None else cfg.loop_memory,
-                loop_disk=-1 if cfg.loop_disk is None else cfg.loop_disk,
+                aligned_timeout=cfg.aligned_timeout, unaligned=cfg.mode == "unaligned",
+                channel_state_memory=cfg.channel_state_memory, channel_buffer=cfg.channel_buffer or 0,
+                loop_memory=cfg.loop_memory, loop_disk=cfg.loop_disk,
                 loop_spill_dir=cfg.loop_spill_dir or "")
 
         attempt = self._new_attempt(gen, listener, secret, material, fence.worker_identity(self.control_dir, token))
@@ -583,7 +583,7 @@ class JobMaster:
         elif isinstance(msg, messages.Committed):
             pass  # the attempt counts it (attempt.committed)
         elif isinstance(msg, messages.Heartbeat):
-            if msg.records_in >= 0:  # (last_heard is updated for every frame)
+            if msg.records_in is not None and msg.records_out is not None:  # (last_heard: every frame)
                 self.tracker.task_metrics(msg.task, msg.records_in, msg.records_out, msg.send_s, time.monotonic())
         elif isinstance(msg, messages.Skipped):
             self.result.skipped_records += 1
@@ -593,13 +593,9 @@ class JobMaster:
             elif self.result.skipped_records == 101:
                 self._log("more records skipped; not shown (result.skipped_records counts them)")
         elif isinstance(msg, messages.Failed):
-            if msg.operator.startswith("<upstream") or msg.operator == "<downstream>":
-                suspect = msg.operator[len("<upstream:"):-1] if msg.operator.startswith("<upstream:") else None
-                suspect = None if suspect in (None, "None") else suspect
-                attempt.root_cause(exclude=msg.task, suspect=suspect)
-            detail = "raised an exception" if not msg.digest.startswith("stuck:") else "was stuck"
-            raise WorkerFailure(msg.task, msg.operator, detail, msg.traceback, msg.fatal, msg.record, msg.digest,
-                                msg.error_type)
+            if msg.collateral:
+                attempt.root_cause(exclude=msg.task, suspect=msg.peer)
+            raise WorkerFailure.of(msg)
 
     def _print_progress(self, coord: CheckpointCoordinator) -> None:
         elapsed = time.monotonic() - self.started

@@ -34,6 +34,7 @@ import uuid
 import zipfile
 from typing import Any, Callable, Iterator, Mapping
 
+from .. import ids
 from ..errors import AbsEngineError
 from ..tls import Material
 from .launcher import WorkerProcess
@@ -259,6 +260,6 @@ def _slot_groups(tasks: list[str]) -> list[list[str]]:
     """Task ids ``<chain>#<k>`` grouped by subtask index k (slot sharing)."""
     groups: dict[int, list[str]] = {}
     for t in tasks:
-        k = int(t.rsplit("#", 1)[1])
+        k = ids.index_of(t)
         groups.setdefault(k, []).append(t)
     return [groups[k] for k in sorted(groups)]

@@ -50,15 +50,13 @@ def file_tag(fence: str, generation: int) -> str:
 
 
 def options_of(deploy: messages.Deploy, generation: int) -> TaskOptions:
-    """The task's options from its Deploy (negative numbers there mean "none")."""
+    """The task's options from its Deploy."""
     return TaskOptions(
         snapshot_encoding=deploy.snapshot_encoding, incremental=deploy.incremental,
-        aligned_timeout=deploy.aligned_timeout if deploy.aligned_timeout >= 0 else None,
-        unaligned=deploy.unaligned,
-        channel_state_memory=deploy.channel_state_memory if deploy.channel_state_memory >= 0 else None,
-        loop_memory=deploy.loop_memory if deploy.loop_memory >= 0 else None,
-        loop_disk=deploy.loop_disk if deploy.loop_disk >= 0 else None,
-        loop_spill_dir=deploy.loop_spill_dir or None, file_tag=file_tag(deploy.fence, generation))
+        aligned_timeout=deploy.aligned_timeout, unaligned=deploy.unaligned,
+        channel_state_memory=deploy.channel_state_memory, loop_memory=deploy.loop_memory,
+        loop_disk=deploy.loop_disk, loop_spill_dir=deploy.loop_spill_dir or None,
+        file_tag=file_tag(deploy.fence, generation))
 
 
 def prepare(deploy: messages.Deploy, task_id: str, generation: int, activity: Activity,

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Callable
 
-from .. import auth, codec
+from .. import auth, codec, ids
 from ..errors import ProtocolError, ProtocolErrorReason
 from ..tls import Material
 from ..wire import Wire, as_wire
@@ -172,7 +172,7 @@ class InputChannel:
                 reader.feed(data)
         if closed:
             raise ChannelClosed(f"input channel {self.id} closed before end of stream (its producer died)",
-                                self.id.split("->")[0])
+                                ids.producer_of(self.id))
 
     def next_frame(self) -> tuple[int, bytes, bool] | None:
         """The next frame to process, and whether it was read ahead (and so logged)."""

@@ -13,6 +13,7 @@ from typing import Any
 from operators.base import RecordError
 
 from .. import codec, messages
+from ..messages import FailureCause as C
 from ..errors import CheckpointError, FencedOut, LoopOverflow
 from .chain import record_repr
 from .channel import ChannelClosed
@@ -51,20 +52,20 @@ def failed_message(task: str, e: BaseException) -> messages.Failed | None:
         record, digest = (record_repr(e.record), record_digest(e.record)) if e.has_record else ("", "")
         if isinstance(cause, OSError):
             digest = ""  # I/O, connection and timeout errors may pass on a retry: never a poison record
-        return messages.Failed(task, e.operator, _trace(cause), fatal, record, digest,
+        return messages.Failed(task, C.OPERATOR, e.operator, _trace(cause), fatal, record, digest,
                                type_name(cause.__cause__ if isinstance(cause, RecordError) and cause.__cause__
                                          else cause))
     if isinstance(e, LoopNotQuiet):
-        return messages.Failed(task, "<loop>", str(e), True)
+        return messages.Failed(task, C.LOOP_NOT_QUIET, None, _trace(e), True, error_type=type_name(e))
     if isinstance(e, LoopOverflow):
         # Fatal: the same loop replayed from a checkpoint overflows the same way. Reported
         # with the operator the loop feeds; the driver fails the job with this message.
-        return messages.Failed(task, e.operator, _trace(e), True, error_type=type_name(e))
+        return messages.Failed(task, C.OPERATOR, e.operator, _trace(e), True, error_type=type_name(e))
     if isinstance(e, ChannelClosed):
         # Collateral damage: the driver attributes the failure to the producer that died.
-        return messages.Failed(task, f"<upstream:{e.producer}>", str(e), False)
+        return messages.Failed(task, C.UPSTREAM_LOST, None, str(e), False, peer=e.producer)
     if isinstance(e, (BrokenPipeError, ConnectionResetError)):
-        return messages.Failed(task, "<downstream>", str(e), False)
+        return messages.Failed(task, C.DOWNSTREAM_LOST, None, str(e), False)
     if isinstance(e, CheckpointError):
-        return messages.Failed(task, "<restore>", _trace(e), False)
-    return messages.Failed(task, "<runtime>", _trace(e), False)
+        return messages.Failed(task, C.RESTORE, None, _trace(e), False, error_type=type_name(e))
+    return messages.Failed(task, C.RUNTIME, None, _trace(e), False, error_type=type_name(e))

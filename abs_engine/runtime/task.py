@@ -705,7 +705,8 @@ class Task:
 
     def _write(self, s: Session) -> None:
         encoding, alignment_ms, finished, sync_ms, base, deltas, known, seen = s.payload
-        logs = {ch: codec.join_arrays(frames) if frames else codec.pack([]) for ch, frames in s.logs.items()}
+        # By channel id: the same state file whatever order the log's sets iterate in.
+        logs = {ch: codec.join_arrays(frames) if frames else codec.pack([]) for ch, frames in sorted(s.logs.items())}
         task, cid, spilled = self.spec.id, s.checkpoint_id, s.spilled
 
         def blob() -> bytes:  # on the writer thread, after the session's spills: waits for a forked encoder

@@ -8,7 +8,7 @@ Invariants:
   heartbeat send (the driver closed the connection) or a changed parent process (the
   driver that started us died) ends the process at once with ``os._exit``.
 - A user call busy longer than ``task_timeout`` fails the task with the operator's name and
-  the task thread's Python stack; its ``digest`` is ``stuck:<operator>``, so the driver fails
+  the task thread's Python stack; its cause is STUCK, so the driver fails
   the job at once if the same operator gets stuck again after a restart.
 """
 
@@ -81,7 +81,7 @@ class Watchdog:
         text = (f"operator {op!r} has been inside one call for {now - since:.1f}s, longer than "
                 f"task_timeout={self.task_timeout:g}s (a user function that blocks or loops?). "
                 f"Its Python stack:\n{stack}")
-        return messages.Failed(self.task, op, text, False, "", f"stuck:{op}")
+        return messages.Failed(self.task, messages.FailureCause.STUCK, op, text, False)
 
     def _run(self) -> None:
         # Event.wait as a periodic timer: the heartbeat period, not a synchronisation.

@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 
-from .. import messages
+from .. import ids, messages
 from ..tls import Material
 from ..errors import ProtocolError
 from . import build
@@ -65,7 +65,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
             for o in spec.outputs:
                 chans = []
                 for cid in o.channels:
-                    consumer = cid.split("->", 1)[1]
+                    consumer = ids.consumer_of(cid)
                     chans.append(OutputChannel.connect(cid, deploy.peers[consumer], secret, deploy.connect_timeout,
                                                        material, deploy.channel_buffer))
                 outputs.append(Output(o, chans, ready.key_fns.get(o.key_operator), tail, plan.max_parallelism))
@@ -86,11 +86,11 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
 
     def writer_failed(e: BaseException) -> None:
         if isinstance(e, OperatorFailure):  # a state a forked encoder could not encode
-            _report(control, messages.Failed(task_id, e.operator, "".join(traceback.format_exception(e.__cause__ or e)),
-                                             e.fatal))
+            _report(control, messages.Failed(task_id, messages.FailureCause.OPERATOR, e.operator,
+                                             "".join(traceback.format_exception(e.__cause__ or e)), e.fatal))
         else:
-            _report(control, messages.Failed(task_id, "<checkpoint writer>", "".join(traceback.format_exception(e)),
-                                             False))
+            _report(control, messages.Failed(task_id, messages.FailureCause.WRITER, None,
+                                             "".join(traceback.format_exception(e)), False))
         os._exit(1)
 
     writer = SnapshotWriter(control, task_id, deploy.checkpoint_dir, writer_failed)
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if os.environ.get("PYTHONHASHSEED") in (None, "", "random"):
         _report(control, messages.Failed(
-            task_id, "<worker>", "PYTHONHASHSEED is not fixed: user code that iterates sets or dicts of strings "
+            task_id, messages.FailureCause.SETUP, None, "PYTHONHASHSEED is not fixed: user code that iterates sets or dicts of strings "
             "would behave differently in each worker and restart (keys are placed by key group, not by hash()). "
             "Start workers through an abs-engine executor (it sets it).", True))
         return 1

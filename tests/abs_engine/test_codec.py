@@ -276,8 +276,9 @@ MESSAGE_STRATEGIES: dict[type[messages.Message], st.SearchStrategy[Any]] = {
     messages.Counts: st.builds(messages.Counts, task=text, wave=i64,
                                sent=st.dictionaries(text, st.integers(0, 2**63 - 1), max_size=3),
                                received=st.dictionaries(text, st.integers(0, 2**63 - 1), max_size=3)),
-    messages.Failed: st.builds(messages.Failed, task=text, operator=text, traceback=text, fatal=st.booleans(),
-                               record=text, digest=text),
+    messages.Failed: st.builds(messages.Failed, task=text, cause=st.sampled_from(messages.FailureCause),
+                               operator=st.none() | text, traceback=text, fatal=st.booleans(),
+                               record=text, digest=text, peer=st.none() | text),
     messages.Heartbeat: st.builds(messages.Heartbeat, task=text),
     messages.Skipped: st.builds(messages.Skipped, task=text, operator=text, record=text, error=text),
 }
@@ -328,6 +329,8 @@ def test_deploy_plan_survives_the_wire() -> None:
 @pytest.mark.parametrize("payload", [
     b"", b"\xc1", pack(42), pack([]), pack([7, 1]), pack(["no-such-tag", 1]), pack(["ack", 1]),
     pack(["failed", "t", "op"]), pack({"tag": "ack"}),
+    pack(["failed", "t", "no-such-cause", None, "tb", False]),  # a cause that is not one
+    pack(["failed", "t", 3, None, "tb", False]),
     pack(["hello", {"a": 1}, 0, "h", 1, 2]),  # a task that is a map: it would crash a dict lookup
     pack(["ack", "1", "t", "f", 1, "0" * 64, 0.0, 0, False]),  # a checkpoint id that is a string
 ])

@@ -419,7 +419,7 @@ def test_deploy_carries_the_loop_limits_and_an_older_drivers_means_no_bound():
     old = codec.frame(codec.FrameKind.CONTROL, codec.pack(list(fields[:1 + first_new])))
     back = messages.decode(old[codec.HEADER_SIZE:])
     assert isinstance(back, messages.Deploy)
-    assert (back.loop_memory, back.loop_disk, back.loop_spill_dir) == (-1, -1, "")
+    assert (back.loop_memory, back.loop_disk, back.loop_spill_dir) == (None, None, "")
 
 
 def test_a_spill_directory_that_cannot_be_written_is_an_error_naming_it_and_the_fix(tmp_path):
