@@ -1,6 +1,6 @@
 """abs-engine: a stream dataflow engine for Python with Asynchronous Barrier Snapshotting.
 
-Build a Dataflow, then ``flow.run(...)``; see README.md.
+Build a Dataflow, then ``flow.run(...)``; see README.md and docs/.
 """
 
 from .api import Dataflow, Feedback, KeyedStream, Stream

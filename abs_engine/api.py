@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 # The types a stream's records have *in the dataflow's code*. What crosses a process is
-# encoded with msgpack (README, "Records"): a list arrives as a tuple, a set or a custom class
+# encoded with msgpack (docs/dataflows.md, "Records between processes"): a list arrives as a tuple, a set or a custom class
 # is refused. The types are a promise to mypy only; nothing checks them at run time.
 T = TypeVar("T")  #: a stream's records
 U = TypeVar("U")  #: the records of the stream a function makes
@@ -108,7 +108,7 @@ class Dataflow:
         """The stream of records ``source`` reads, in ``parallelism`` subtasks (the dataflow's
         default if None). Each subtask reads its own share and snapshots its offset.
 
-        Event time (README, "Event time"): ``timestamps(record)`` gives a record's timestamp
+        Event time (docs/event-time.md): ``timestamps(record)`` gives a record's timestamp
         and ``watermarks`` (default ``BoundedOutOfOrderness(0)``: ascending timestamps) how
         far behind the newest one the subtask's watermark stays, and after how long without
         records it declares itself idle. ``on_error`` applies to ``timestamps``: a record it
@@ -392,7 +392,7 @@ class KeyedStream(Stream[T], Generic[T, K]):
         E.g. a running mean: ``aggregate(lambda: (0, 0), lambda a, r: (a[0] + 1, a[1] + r[1]),
         lambda a: a[1] / a[0])``. If a function raises, the key's accumulator is unchanged
         and ``on_error`` applies (as in ``reduce``). Accumulators must be msgpack-encodable
-        (README, "Records"). A running aggregate emits for every record, so it takes no
+        (docs/dataflows.md, "Records between processes"). A running aggregate emits for every record, so it takes no
         ``merge``: pre-aggregation would change its output (``aggregate_final`` takes one)."""
         return self._keyed(Aggregate(create, add, result, self.key_fn, _on_error(on_error)), "aggregate", name,
                            parallelism)

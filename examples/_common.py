@@ -25,7 +25,8 @@ def add_job_flags(ap: argparse.ArgumentParser, interval: float) -> None:
                     help="bytes of in-flight records a task holds in memory: a checkpoint's log past it spills to "
                          "files in the checkpoint, and reading inputs ahead stops at it (default %(default)s)")
     ap.add_argument("--executor", choices=list(EXECUTORS), default="local",
-                    help="who runs the workers: local processes (default) or a Spark barrier stage")
+                    help="who runs the tasks: local processes (default), a Spark barrier stage, or this thread "
+                         "(inprocess: for debugging)")
     ap.add_argument("--spark-master", help="Spark master URL for --executor spark and Spark sources "
                                            "(default: the embedded local session)")
     ap.add_argument("--tls", action="store_true",

@@ -206,7 +206,7 @@ class TimedOperator(Operator):
 
     def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
         """Keys and timers by key group; the watermark is the lowest of the old subtasks'
-        (README, "Event time": a key that moves may see a record its old subtask would
+        (docs/event-time.md: a key that moves may see a record its old subtask would
         have called late)."""
         keys: dict[Any, Any] = {}
         timers: list[Any] = []

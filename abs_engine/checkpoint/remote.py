@@ -215,7 +215,7 @@ def load_task_state(root: str, checkpoint_id: int, name: str, size: int, sha256:
 def control_dir(location: str) -> str:
     """Where the job's lock and output fence live: the checkpoint directory itself when it
     is local; for a remote location, a private directory on this machine named after it
-    (flock has no meaning on an object store; see the README's limits)."""
+    (flock has no meaning on an object store; see docs/known-limits.md)."""
     if not fs.is_remote(location):
         return fs.local_path(location)
     import hashlib

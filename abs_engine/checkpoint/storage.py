@@ -1,6 +1,7 @@
 """Durable checkpoint storage on a file system, with the directory distrusted.
 
-Layout: ``DIR/chk-000042/`` holds one ``<task>.state`` msgpack file per task (written by
+Layout: ``DIR/chk-000042/`` holds one ``<task>.<tag>.state`` msgpack file per task (the tag names
+the attempt that wrote it) (written by
 the workers) and ``_metadata`` (written by the coordinator, last); ``DIR/_lock`` is the
 job's directory lock (see lock.py). Invariants:
 - A checkpoint exists iff its ``_metadata`` is present and valid. The metadata is written

@@ -662,7 +662,7 @@ class Task:
                 for s in log.on_barrier(ch.id, cid).completed:
                     self._write(s)
             elif kind == codec.FrameKind.WATERMARK:
-                continue  # handled in order when processed; not channel state (README, "Event time")
+                continue  # handled in order when processed; not channel state (docs/event-time.md)
             else:  # END (or anything else): nothing can be read past it
                 ch.ahead_stopped = True
                 if kind == codec.FrameKind.END:

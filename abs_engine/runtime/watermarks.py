@@ -9,7 +9,7 @@ highest watermark of its idle inputs (Flink's "flush" of StatusWatermarkValve): 
 will send more before it is active again, so nothing any of them sent can hold event time
 back (without it, an input that went idle while another still held the minimum down would
 keep its watermark from ever counting, and its windows from ever firing). Back-edges never enter the valve: a loop's records would otherwise hold the
-loop's own watermark back for ever (README, "Event time": in a loop, records that come
+loop's own watermark back for ever (docs/event-time.md: in a loop, records that come
 round may be late).
 
 Expected events are outcomes, never exceptions: a watermark that does not raise the minimum

@@ -81,3 +81,49 @@ def test_the_readme_links_the_reference_and_the_tutorial() -> None:
     readme = (ROOT / "README.md").read_text()
     for page in ("docs/tutorial.md", "docs/api.md"):
         assert f"]({page})" in readme and (ROOT / page).exists(), page
+
+
+def toctree_pages() -> list[str]:
+    """The pages of docs/index.md's toctree, in order (``tutorial``, ``api``, ...)."""
+    index = (DOCS / "index.md").read_text()
+    body = index.split("```{toctree}", 1)[1].split("```", 1)[0]
+    return [line.strip() for line in body.splitlines() if line.strip() and not line.strip().startswith(":")]
+
+
+def test_the_readme_is_a_front_page_that_links_every_guide() -> None:
+    readme = (ROOT / "README.md").read_text()
+    lines = readme.count("\n") + (not readme.endswith("\n"))
+    assert lines <= 250, f"README.md has {lines} lines: move the detail into a page of docs/"
+    pages = toctree_pages()
+    assert {"tutorial", "api", "architecture"} <= set(pages), pages
+    for page in pages:
+        assert (DOCS / f"{page}.md").exists(), page
+        assert f"](docs/{page}.md" in readme, f"README.md does not link docs/{page}.md"
+    # .ci/run runs the README's test command: the two must stay the same.
+    command = "python3 -m pip install -e '.[dev]' && python3 -m pytest"
+    assert command in readme and command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_page_of_docs_is_in_the_toctree() -> None:
+    pages = set(toctree_pages())
+    unlisted = sorted(p.stem for p in DOCS.glob("*.md") if p.stem != "index" and p.stem not in pages)
+    assert not unlisted, f"pages in no toctree of docs/index.md: {unlisted}"
+
+
+def test_the_architecture_layout_lists_every_module() -> None:
+    """docs/architecture.md's Layout names every module of abs_engine and operators, under
+    its package's heading (```### `abs_engine/runtime/` ```, then ``- `task.py`: ...``)."""
+    layout = (DOCS / "architecture.md").read_text().split("\n## Layout\n", 1)[1]
+    listed: set[str] = set()
+    package = ""
+    for line in layout.splitlines():
+        if line.startswith("### `") and line.endswith("/`"):
+            package = line[len("### `"):-1]
+        elif line.startswith("- `") and package and line.find("`", 3) > 3:
+            listed.add(package + line[3:line.find("`", 3)])
+    modules = {p.relative_to(ROOT).as_posix() for pkg in ("abs_engine", "operators")
+               for p in (ROOT / pkg).rglob("*.py")}
+    missing = sorted(modules - listed)
+    assert not missing, f"modules missing from the Layout of docs/architecture.md: {missing}"
+    gone = sorted(m for m in listed - modules if m.endswith(".py"))
+    assert not gone, f"the Layout of docs/architecture.md lists modules that do not exist: {gone}"
