@@ -113,7 +113,7 @@ class InProcessAttempt:
                 out.append((t, msg))
         if not out and not progressed and timeout > 0:
             # Nothing to do until the clock moves: the coordinator's next deadline, or a timer.
-            due = min((task.next_timer for task in self.tasks.values() if task.timed_ops and not task.stop),
+            due = min((d for task in self.tasks.values() if not task.stop and (d := task.timer_due()) is not None),
                       default=float("inf"))
             time.sleep(max(0.0, min(timeout, due - time.time())))  # waiting for time, not for another thread
         return out

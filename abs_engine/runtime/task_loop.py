@@ -127,10 +127,11 @@ class ProcessTask(Task):
             deadline = self.alignment_deadline()
             if deadline is not None:
                 timeout = max(0.0, deadline - clock.perf_counter())
-            if self.timed_ops and not self.finished:
+            if not self.finished:
                 self.fire_timers()
-                if self.next_timer != float("inf"):
-                    wait = max(0.0, self.next_timer - clock.time())
+                due = self.timer_due()
+                if due is not None:
+                    wait = max(0.0, due - clock.time())
                     timeout = wait if timeout is None else min(timeout, wait)
             if runnable:
                 timeout = 0.0  # a turn ended with frames left: only a look at the sockets
