@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from abs_engine.checkpoint.incremental import ChainRef  # noqa: E402
 from abs_engine.checkpoint.storage import load_task_snapshot, write_state_file  # noqa: E402
+from abs_engine.checkpoint import snapshot_file  # noqa: E402
 from abs_engine.runtime import snapshot_encoding  # noqa: E402
 from abs_engine.runtime.increments import Increments  # noqa: E402
 from benchmarks import plots, workloads  # noqa: E402
@@ -54,7 +55,7 @@ class Task:
         base, deltas, entries = self.inc.prepare(cid, states)
         enc = snapshot_encoding.start(states, self.encoding, entries)
         sync_ms = (time.perf_counter() - t0) * 1000
-        blob = snapshot_encoding.snapshot_file("count#0", cid, enc.result(), {}, False, base, deltas)
+        blob = snapshot_file.encode("count#0", cid, enc.result(), {}, False, base, deltas)
         write_state_file(self.root, cid, "count#0.state", blob)
         return sync_ms, blob, base
 

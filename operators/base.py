@@ -268,6 +268,14 @@ class Source(Guarded, ABC, Generic[T]):
     #: Records left out of a batch by on_error="skip": (record, exception); see Operator.
     skipped: list[tuple[Any, BaseException]]
 
+    #: The source tracks event time: after each read the task asks ``watermark_status``
+    #: what to send downstream (operators/eventtime.py). A capability the task reads, not probes.
+    emits_watermarks: bool = False
+
+    def watermark_status(self, read_something: bool) -> float | None:
+        """With ``emits_watermarks``: the subtask's watermark now, or None when it is idle."""
+        raise NotImplementedError(f"{type(self).__name__} does not track event time")
+
     #: A source that reports this many records per read_batch is fine; batches should be
     #: large enough (thousands of records) to amortise the per-batch cost downstream.
 

@@ -61,8 +61,11 @@ def ascending(idle_timeout: float | None = None) -> BoundedOutOfOrderness:
 
 
 class EventTimeSource(WrappingSource[T], Generic[T]):
-    """``inner`` with a watermark: see the module docstring. The task asks ``emit_status``
-    after every read (and while the source has nothing) what to send downstream."""
+    """``inner`` with a watermark: see the module docstring. The task asks
+    ``watermark_status`` after every read (and while the source has nothing) what to send
+    downstream."""
+
+    emits_watermarks = True
 
     def __init__(self, inner: Source[T], timestamps: TimestampFn, strategy: BoundedOutOfOrderness,
                  on_error: str = "fail"):
@@ -72,7 +75,6 @@ class EventTimeSource(WrappingSource[T], Generic[T]):
         self.on_error = check_on_error(on_error)
         self.skipped = []
         self.max_ts: float = MIN_WATERMARK
-        self.sent: float | None = MIN_WATERMARK  #: the last status sent: a watermark, or None (idle)
         self.last_record = 0.0
 
     # -- the source protocol: the rest is the inner source's (WrappingSource) ---------------
@@ -143,7 +145,7 @@ class EventTimeSource(WrappingSource[T], Generic[T]):
     def watermark(self) -> float:
         return self.max_ts - self.strategy.max_delay - 1 if self.max_ts != MIN_WATERMARK else MIN_WATERMARK
 
-    def status(self, read_something: bool) -> float | None:
+    def watermark_status(self, read_something: bool) -> float | None:
         """What the subtask's status is now: its watermark, or None when idle."""
         timeout = self.strategy.idle_timeout
         if not read_something and timeout is not None and time.monotonic() - self.last_record >= timeout:

@@ -30,13 +30,11 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from ..errors import CheckpointError, CheckpointErrorReason
 from . import spill
-
-if TYPE_CHECKING:
-    from .storage import TaskSnapshotData
+from .snapshot_file import TaskSnapshotData, decode_snapshot
 
 MAX_CHAIN = 8  #: deltas on top of a full file before a task writes a full one again
 _R = CheckpointErrorReason
@@ -116,11 +114,10 @@ def apply(state: Any, change: Any) -> dict[Any, Any]:
     return state
 
 
-def resolve(files: list[tuple[int, "TaskSnapshotData"]], shown: str, checkpoint_id: int) -> "TaskSnapshotData":
-    """The task snapshot that a chain of decoded files (storage.TaskSnapshotData, oldest
+def resolve(files: list[tuple[int, TaskSnapshotData]], shown: str, checkpoint_id: int) -> TaskSnapshotData:
+    """The task snapshot that a chain of decoded files (snapshot_file.TaskSnapshotData, oldest
     first, the checkpoint's own file last) stands for: every delta applied in order.
     CORRUPT_STATE if the files do not link up (each delta's base must be the file before)."""
-    from .storage import TaskSnapshotData
 
     first_id, first = files[0]
     try:
@@ -142,11 +139,10 @@ def resolve(files: list[tuple[int, "TaskSnapshotData"]], shown: str, checkpoint_
 
 
 def load_chain(read: Callable[[int, str, int, str], tuple[bytes, str]], checkpoint_id: int,
-               own: tuple[str, int, str], chain: list[ChainRef], keep_spilled: bool = True) -> "TaskSnapshotData":
+               own: tuple[str, int, str], chain: list[ChainRef], keep_spilled: bool = True) -> TaskSnapshotData:
     """A task's resolved snapshot: ``read(cid, file, size, sha256)`` returns the verified
     bytes of one file (and how it is shown); every file of the chain is read and verified
     before any is decoded."""
-    from .storage import decode_snapshot
 
     blobs = []
     for ref in chain:

@@ -26,6 +26,7 @@ import os
 from .. import fs
 from ..errors import CheckpointError, CheckpointErrorReason
 from .incremental import ChainRef, load_chain
+from .snapshot_file import TaskSnapshotData
 from .storage import (
     _DIR_RE,
     MAX_METADATA,
@@ -33,7 +34,6 @@ from .storage import (
     METADATA,
     CheckpointStorage,
     Metadata,
-    TaskSnapshotData,
     check_blob,
     check_name,
     chk_name,

@@ -23,7 +23,8 @@ import time
 from .. import fs
 from ..errors import CheckpointError, CheckpointErrorReason
 from .remote import open_storage, write_task_state
-from .storage import CheckpointStorage, Metadata, decode_snapshot
+from .snapshot_file import decode_snapshot
+from .storage import CheckpointStorage, Metadata
 
 PREFIX = "savepoint-"
 

@@ -34,7 +34,7 @@ from .. import codec
 from ..errors import CheckpointError, CheckpointErrorReason
 
 if TYPE_CHECKING:
-    from .storage import TaskSnapshotData
+    from .snapshot_file import TaskSnapshotData
 
 #: Bytes of channel state one checkpoint's log may hold in a task's memory before it spills.
 DEFAULT_MEMORY = 32 << 20

@@ -42,6 +42,7 @@ from .. import codec
 from ..errors import CheckpointError, CheckpointErrorReason
 from . import spill
 from .incremental import ChainRef, load_chain, merge, referenced
+from .snapshot_file import TaskSnapshotData, decode_snapshot, decode_state
 
 METADATA = "_metadata"
 METADATA_TMP = METADATA + ".tmp"
@@ -512,53 +513,6 @@ def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 # ---- state files ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TaskSnapshotData:
-    states: dict[str, Any]  #: operator -> decoded state (arrays as lists, map keys as tuples)
-    logs: dict[str, list[Any]]  #: back-edge channel -> records logged in flight (arrays as tuples)
-    finished: bool  #: the task had finished (end of stream sent) when it snapshotted
-    #: Incremental files: the checkpoint this file's deltas apply to, and the operators
-    #: stored as deltas (checkpoint/incremental.py); None and empty for a full file.
-    base: int | None = None
-    deltas: frozenset[str] = frozenset()
-    #: Spill files (checkpoint/spill.py) holding the older part of ``logs``, not read yet:
-    #: empty once resolved (every reader here resolves them).
-    spilled: tuple[tuple[str, int, str], ...] = ()
-
-
-def decode_snapshot(blob: bytes, path: str, checkpoint_id: int | None = None) -> TaskSnapshotData:
-    """A task's state file, decoded. Raises CheckpointError(CORRUPT_STATE), never a msgpack error.
-
-    Operator states decode with ``codec.unpack_state`` (lists stay lists); back-edge
-    records with ``codec.unpack`` (records cross processes as tuples)."""
-    try:
-        doc = codec.unpack(blob)
-        if not isinstance(doc, dict) or not isinstance(doc.get("operators"), dict):
-            raise ValueError("not a map with an 'operators' map")
-        logs_raw = doc.get("logs", {})
-        if not isinstance(logs_raw, dict):
-            raise ValueError("'logs' is not a map")
-        states = {name: codec.unpack_state(data) for name, data in doc["operators"].items()}
-        logs = {ch: list(codec.unpack(data)) for ch, data in logs_raw.items()}
-        base, deltas = doc.get("base"), doc.get("deltas", [])
-        if not isinstance(deltas, (list, tuple)) or not all(isinstance(n, str) and n in states for n in deltas):
-            raise ValueError("'deltas' is not a list of its operators")
-        if deltas and (not isinstance(base, int) or isinstance(base, bool) or base < 0):
-            raise ValueError(f"a delta file's base {base!r} is not a checkpoint id")
-        return TaskSnapshotData(states, logs, bool(doc.get("finished", False)), base if deltas else None,
-                                frozenset(deltas), spill.parse_refs(doc.get("spilled")))
-    except Exception as e:
-        raise CheckpointError(_R.CORRUPT_STATE,
-                              f"state file {path} passes its checksum but cannot be decoded ({e}): it was "
-                              "written by another program or version; the checkpoint is unusable",
-                              checkpoint_id) from e
-
-
-def decode_state(blob: bytes, path: str) -> dict[str, Any]:
-    """A task's state file -> {operator: decoded state}."""
-    return decode_snapshot(blob, path).states
 
 
 def _read_local(root: str, checkpoint_id: int, file: str, size: int, sha256: str) -> tuple[bytes, str]:

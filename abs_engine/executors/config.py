@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 from ..checkpoint import spill
 from ..errors import ConfigError
-from ..monitor.model import CheckpointStat, CheckpointStatus, RecoveryEvent, SubtaskStat
+from ..monitor.model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointStat, CheckpointStatus,
+                             RecoveryEvent, SubtaskStat)
 from ..runtime.channel import DEFAULT_BUFFER
 
 MODES = ("aligned", "unaligned", "none", "stop-the-world")
@@ -306,11 +307,6 @@ def _check_config(c: "JobConfig") -> None:
                                      "(pip install 'cryptography>=41')") from None
 
 
-#: JobResult keeps the statistics of this many most recent checkpoints (a long job takes
-#: millions); ``checkpoints_completed`` counts them all.
-KEEP_CHECKPOINT_STATS = 1000
-#: ... and the per-subtask details of this many.
-KEEP_SUBTASK_DETAILS = 100
 
 
 @dataclass

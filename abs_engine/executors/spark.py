@@ -25,6 +25,7 @@ has, not Spark's ten-minute barrier scheduling retry.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import tempfile
@@ -58,14 +59,15 @@ def available_slots(sc: Any) -> int:
 
 
 def _zip_packages(dest: str) -> str:
-    """A zip of the engine's packages (abs_engine, operators), importable from sys.path."""
-    import abs_engine
-    import operators
-
+    """A zip of the engine's packages (abs_engine, operators), importable from sys.path.
+    Found where the import system would find them, without importing them (the executors
+    do not depend on the user API or the operator library)."""
     path = os.path.join(dest, "abs_engine_packages.zip")
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for pkg in (abs_engine, operators):
-            root = os.path.dirname(os.path.abspath(pkg.__file__ or ""))
+        for pkg in ("abs_engine", "operators"):
+            spec = importlib.util.find_spec(pkg)
+            assert spec is not None and spec.origin is not None, f"package {pkg} is not importable"
+            root = os.path.dirname(os.path.abspath(spec.origin))
             base = os.path.dirname(root)
             for dirpath, dirnames, filenames in os.walk(root):
                 dirnames[:] = [d for d in dirnames if d != "__pycache__"]

@@ -12,6 +12,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+#: JobResult and the tracker keep the statistics of this many most recent checkpoints (a
+#: long job takes millions); ``checkpoints_completed`` counts them all.
+KEEP_CHECKPOINT_STATS = 1000
+#: ... and the per-subtask details of this many.
+KEEP_SUBTASK_DETAILS = 100
+
 
 class CheckpointStatus(str, enum.Enum):
     """Where a checkpoint ended (or that it has not yet)."""

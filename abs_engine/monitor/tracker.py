@@ -24,10 +24,10 @@ from typing import Any, Callable
 
 from .. import messages
 from ..checkpoint.storage import Metadata
-from ..executors.config import KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS
 from ..plan import Plan
 from . import docs
-from .model import CheckpointStat, CheckpointStatus, RecoveryEvent, SubtaskStat
+from .model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointStat, CheckpointStatus, RecoveryEvent,
+                    SubtaskStat)
 
 SAMPLES = 300  #: throughput samples kept, one per SAMPLE_EVERY seconds
 SAMPLE_EVERY = 1.0

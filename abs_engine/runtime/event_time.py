@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from operators.base import Operator
-from operators.eventtime import EventTimeSource
 
 from .. import codec
 from .chain import Chain
@@ -30,7 +29,8 @@ class EventTime:
         self.chain, self.clock = chain, clock
         self.emit, self.broadcast, self.after_user_code = emit, broadcast, after_user_code
         self.valve = WatermarkValve(regular)
-        self.source = chain.source if isinstance(chain.source, EventTimeSource) else None
+        self.source = chain.source if chain.source is not None and chain.source.emits_watermarks else None
+        self.sent: float | None = MIN_WATERMARK  #: the source's last status sent: a watermark, or None (idle)
         self.watermark = MIN_WATERMARK  #: the last watermark the operators were given
         self.watermark_ops = [(i, op) for i, op in enumerate(chain.ops)
                               if type(op).on_watermark is not Operator.on_watermark]
@@ -72,9 +72,9 @@ class EventTime:
         """After a source read: its watermark, or that it is idle, if that changed."""
         es = self.source
         assert es is not None
-        status = es.status(read_something)
-        if status != es.sent:
-            es.sent = status
+        status = es.watermark_status(read_something)
+        if status != self.sent:
+            self.sent = status
             if status is None:
                 self.broadcast(codec.watermark_frame(None))
             else:

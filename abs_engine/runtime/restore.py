@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ..checkpoint.incremental import ChainRef
 from ..checkpoint.remote import load_task_state
-from ..checkpoint.storage import TaskSnapshotData
+from ..checkpoint.snapshot_file import TaskSnapshotData
 from ..errors import RescaleError, RescaleErrorReason
 from ..plan import Plan, TaskSpec
 

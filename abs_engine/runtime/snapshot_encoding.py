@@ -171,20 +171,3 @@ def start(states: dict[str, Any], mode: str = "auto", entries: int | None = None
         _in_child(states, w, parent)
     os.close(w)
     return Forked(pid, r)
-
-
-def snapshot_file(task: str, checkpoint_id: int, operators: bytes, logs: dict[str, bytes], finished: bool,
-                  base: int = -1, deltas: list[str] | None = None,
-                  spilled: list[tuple[str, int, str]] | None = None) -> bytes:
-    """A task's state file (read by checkpoint.storage.decode_snapshot): the msgpack map
-    {task, checkpoint_id, operators, logs, finished}, with ``operators`` spliced in as the
-    already packed map it is (no second encoding of the state); a delta file also has
-    {base, deltas} (checkpoint/incremental.py), one whose logs spilled {spilled}: its
-    spill files in order (checkpoint/spill.py)."""
-    p = msgpack.Packer(use_bin_type=True)
-    extra = [p.pack("base"), p.pack(base), p.pack("deltas"), p.pack(deltas)] if deltas else []
-    if spilled:
-        extra += [p.pack("spilled"), p.pack([list(r) for r in spilled])]
-    return b"".join([p.pack_map_header(5 + len(extra) // 2), p.pack("task"), p.pack(task), p.pack("checkpoint_id"),
-                     p.pack(checkpoint_id), p.pack("operators"), operators, p.pack("logs"), p.pack(logs),
-                     p.pack("finished"), p.pack(finished), *extra])

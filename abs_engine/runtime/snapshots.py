@@ -17,6 +17,7 @@ from collections import deque
 from typing import Callable
 
 from .. import codec
+from ..checkpoint import snapshot_file
 from ..checkpoint import spill
 from . import snapshot_encoding
 from .barriers import BarrierHandler
@@ -177,7 +178,7 @@ class Snapshots:
         task, cid, spilled = self.task_id, s.checkpoint_id, s.spilled
 
         def blob() -> bytes:  # on the writer thread, after the session's spills: waits for a forked encoder
-            return snapshot_encoding.snapshot_file(task, cid, encoding.result(), logs, finished, base, deltas,
+            return snapshot_file.encode(task, cid, encoding.result(), logs, finished, base, deltas,
                                                    spilled)
 
         self.writer.submit(Job(s.checkpoint_id, self.state_file(), blob, alignment_ms, s.logged, finished, sync_ms,

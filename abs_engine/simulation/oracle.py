@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoint.storage import Metadata, decode_snapshot
+from ..checkpoint.snapshot_file import decode_snapshot
+from ..checkpoint.storage import Metadata
 
 if TYPE_CHECKING:
     from .sim import Sim

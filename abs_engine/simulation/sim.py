@@ -4,7 +4,7 @@ Each task is a ``runtime.task.Task`` (the class a worker runs) with its channels
 control link in memory (runtime/memory.py), a ``ManualClock`` and an ``InlineWriter``
 into the simulated storage. The driver mirrors executors/master.py (_on_message, the
 failover in _attempts) around the real ``CheckpointCoordinator``; a restore goes through
-the production decoding and replay (checkpoint.storage.decode_snapshot, runtime/restore.py).
+the production decoding and replay (checkpoint.snapshot_file.decode_snapshot, runtime/restore.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from .. import codec, messages
 from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.pending import AckOutcome
-from ..checkpoint.storage import decode_snapshot
+from ..checkpoint.snapshot_file import decode_snapshot
 from ..runtime import restore
 from ..runtime.chain import Chain
 from ..runtime.channel import InputChannel, OutputChannel

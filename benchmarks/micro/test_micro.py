@@ -38,7 +38,8 @@ from typing import Any
 import pytest
 
 from abs_engine import codec
-from abs_engine.checkpoint.storage import CheckpointStorage, FileEntry, Metadata, decode_state
+from abs_engine.checkpoint.snapshot_file import decode_state
+from abs_engine.checkpoint.storage import CheckpointStorage, FileEntry, Metadata
 from abs_engine.runtime.alignment import BarrierAligner, Outcome
 from abs_engine.runtime.channel import OutputChannel
 

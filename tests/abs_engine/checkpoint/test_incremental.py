@@ -27,6 +27,7 @@ from abs_engine.checkpoint.storage import (
     write_state_file,
 )
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
+from abs_engine.checkpoint import snapshot_file
 from abs_engine.runtime import snapshot_encoding
 from abs_engine.runtime.increments import PAUSE, Increments
 from operators.keyed import Count, CountFinal
@@ -79,7 +80,7 @@ class SimTask:
         self.model[cid] = dict(self.op.state)
         base, deltas, entries = self.inc.prepare(cid, states)
         enc = snapshot_encoding.start(states, "inline", entries)
-        blob = snapshot_encoding.snapshot_file(self.name, cid, enc.result(), {}, False, base, deltas)
+        blob = snapshot_file.encode(self.name, cid, enc.result(), {}, False, base, deltas)
         name = f"{self.name}.state"
         write_state_file(self.root, cid, name, blob)
         return messages.Ack(cid, self.name, name, len(blob), hashlib.sha256(blob).hexdigest(), 0.0, 0, False,

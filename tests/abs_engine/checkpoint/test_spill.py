@@ -14,7 +14,7 @@ from abs_engine import codec
 from abs_engine.checkpoint import spill
 from abs_engine.checkpoint.storage import load_task_snapshot, write_state_file
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
-from abs_engine.runtime.snapshot_encoding import snapshot_file
+from abs_engine.checkpoint.snapshot_file import encode as snapshot_file
 
 _R = CheckpointErrorReason
 CID = 7

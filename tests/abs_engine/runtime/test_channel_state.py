@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from abs_engine import codec, messages
-from abs_engine.checkpoint.storage import decode_snapshot
+from abs_engine.checkpoint.snapshot_file import decode_snapshot
 from abs_engine.plan import ChannelSpec, TaskSpec
 from abs_engine.runtime.channel_state import ChannelStateLog, LogOutcome, Session
 from abs_engine.runtime.channel import InputChannel

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from abs_engine.checkpoint.storage import TaskSnapshotData
+from abs_engine.checkpoint.snapshot_file import TaskSnapshotData
 from abs_engine.keygroups import key_group, key_group_range
 from abs_engine.plan import TaskSpec
 from abs_engine.runtime import restore
