@@ -4,12 +4,14 @@ output equals the batch oracle, and the checkpoints really were deltas on shared
 from __future__ import annotations
 
 import collections
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from abs_engine import Dataflow
 from abs_engine.checkpoint.storage import CheckpointStorage
-from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
+from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints, TestingSource
 from operators import KeyedProcess
 from tests.chaos_checks import assert_each_kill_restored
 
@@ -33,9 +35,13 @@ class RunningCount(KeyedProcess):
 
 
 def flow(records: list[int], sink: CapturingSink, parallelism: int, batch_size: int = 500,
-         user_operator: bool = False) -> Dataflow:
+         user_operator: bool = False, gate: Path | None = None, hold: int = 0) -> Dataflow:
+    """``gate``: each source subtask holds after ``hold`` records until the file exists."""
     f = Dataflow("hot-keys", parallelism=parallelism)
-    keyed = f.source(TestingSource(records, batch_size=batch_size), name="source").key_by()
+    source: Any = TestingSource(records, batch_size=batch_size)
+    if gate is not None:
+        source = GatedSource(source, gate, after=hold)
+    keyed = f.source(source, name="source").key_by()
     counts = keyed.apply_keyed(RunningCount(), name="count") if user_operator else keyed.count(name="count")
     # A sample of the running counts (each must still be emitted exactly once), so that the
     # single sink keeps up and barriers are not held up behind its backlog.
@@ -74,20 +80,23 @@ def test_incremental_checkpoints_under_sigkills_are_exact(tmp_path):
 
 @pytest.mark.parametrize("before,after,user_operator", [(2, 3, False), (3, 1, False), (2, 3, True)])
 def test_an_incremental_checkpoint_rescales_exactly(tmp_path, before, after, user_operator):
-    # A long hot phase: the first run must reach checkpoints holding deltas before its input
-    # ends, also on a loaded machine (key-only tracking pauses through the wide phase).
-    records, ck = items(6_000_000), str(tmp_path / "ck")
+    # The first run is held (a gated source) in its hot phase until a checkpoint holds
+    # deltas, then stopped: it can neither finish first nor be stopped too early, however
+    # fast the machine.
+    records, ck, gate = items(300_000), str(tmp_path / "ck"), tmp_path / "gate"
+    hold = (WIDE + 150_000) // before  # records per source subtask: the wide phase, then hot keys
     sink = CapturingSink(tmp_path / "out")
-    # Small batches: slow enough to be stopped mid-job, after a checkpoint that holds deltas.
-    first = flow(records, sink, before, batch_size=20, user_operator=user_operator).run(
+    first = flow(records, sink, before, batch_size=200, user_operator=user_operator, gate=gate, hold=hold).run(
         checkpoint_interval=0.01, checkpoint_dir=ck, incremental_checkpoints=True,
         stop_when=lambda r: any(c.delta_tasks for c in r.checkpoints))
     assert first.cancelled and first.checkpoints[-1].delta_tasks > 0  # resumed from a chain
     storage = CheckpointStorage(ck)
     last = storage.completed_ids()[-1]
     assert storage.load_metadata(last).chains and not storage.load_metadata(last).final
+    gate.touch()
     chaos = KillOnCheckpoints([2], seed=before * 10 + after)
-    res = flow(records, sink, after, batch_size=2_000, user_operator=user_operator).run(checkpoint_interval=0.03, checkpoint_dir=ck, resume=True,
-                                         incremental_checkpoints=True, chaos=chaos, restart_delay=0)
+    res = flow(records, sink, after, batch_size=2_000, user_operator=user_operator, gate=gate, hold=hold).run(
+        checkpoint_interval=0.03, checkpoint_dir=ck, resume=True, incremental_checkpoints=True, chaos=chaos,
+        restart_delay=0)
     assert res.restored_from[0] == last
     assert collections.Counter(tuple(r) for r in sink.records()) == oracle(records)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import collections
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from abs_engine import Dataflow
 from abs_engine.errors import JobFailed
-from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
+from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints, TestingSource
 from tests.abs_engine.executors.test_recovery import as_counts, output_lines, wordcount
 from tests.chaos_checks import assert_each_kill_restored
 from tests.conftest import batch_word_count
@@ -50,8 +51,10 @@ def test_an_operator_whose_state_cannot_be_split_is_refused_naming_it(tmp_path):
 
     def flow(p: int) -> Dataflow:
         f = Dataflow("refuse", parallelism=p)
-        f.source(Remember(range(100_000), batch_size=10), name="remember").sink(
-            CapturingSink(tmp_path / f"c{p}"), parallelism=1)
+        # Held after 100 records (the gate never opens): the first run cannot finish before
+        # its second checkpoint, however fast the machine (it once did, with 100,000 records).
+        source = GatedSource(Remember(range(1_000), batch_size=10), tmp_path / "gate", after=100)
+        f.source(source, name="remember").sink(CapturingSink(tmp_path / f"c{p}"), parallelism=1)
         return f
 
     assert flow(1).run(checkpoint_interval=0.01, checkpoint_dir=ck,
@@ -73,13 +76,14 @@ def stage2_key(r: tuple[int, int]) -> int:
     return r[1] % K2
 
 
-def pipeline(n: int, sink: CapturingSink, parallelism: int) -> Dataflow:
+def pipeline(n: int, sink: CapturingSink, parallelism: int, gate: Path, hold: int) -> Dataflow:
     """The benchmark's pipeline shape with an exact oracle: two keyed shuffles of running
-    counts, every record emitted downstream and captured (so each emission must happen once)."""
+    counts, every record emitted downstream and captured (so each emission must happen once).
+    Each source subtask holds after ``hold`` records until ``gate`` exists."""
     from operators import RangeSource
 
     flow = Dataflow("pipeline", parallelism=parallelism)
-    s1 = flow.source(RangeSource(n, batch_size=1_000), name="source").map(stage1_key, name="k1").key_by().count(
+    s1 = flow.source(GatedSource(RangeSource(n, batch_size=1_000), gate, after=hold), name="source").map(stage1_key, name="k1").key_by().count(
         name="count1")
     s1.key_by(stage2_key).count(name="count2").sink(sink, name="sink", parallelism=1)
     return flow
@@ -94,23 +98,27 @@ def pipeline_oracle(n: int) -> collections.Counter[tuple[int, int]]:
 
 @pytest.mark.parametrize("before,after", [(2, 3), (4, 1), (1, 4)])
 def test_pipeline_resumed_at_another_parallelism_emits_every_record_once(tmp_path, before, after):
-    n, ck = 1_000_000, str(tmp_path / "ck")
+    n, ck, gate = 200_000, str(tmp_path / "ck"), tmp_path / "gate"
+    hold = n // (2 * before)  # half the input, then held until the gate opens: stopped mid-job
     sink = CapturingSink(tmp_path / "out")
-    first = pipeline(n, sink, before).run(checkpoint_interval=0.02, checkpoint_dir=ck,
-                                          stop_when=lambda r: len(r.checkpoints) >= 1)
+    first = pipeline(n, sink, before, gate, hold).run(checkpoint_interval=0.02, checkpoint_dir=ck,
+                                                      stop_when=lambda r: len(r.checkpoints) >= 1)
     assert first.cancelled and not any(c.final for c in first.checkpoints)  # stopped mid-job
+    gate.touch()
     chaos = KillOnCheckpoints([1, 2], seed=before + after)
-    res = pipeline(n, sink, after).run(checkpoint_interval=0.05, checkpoint_dir=ck, resume=True, chaos=chaos,
+    res = pipeline(n, sink, after, gate, hold).run(checkpoint_interval=0.05, checkpoint_dir=ck, resume=True, chaos=chaos,
                                        restart_delay=0)
     assert res.restored_from[0] == max(c.checkpoint_id for c in first.checkpoints)
     assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
 
 
 def audited(records: list[int], sink: CapturingSink, audit: CapturingSink | None, parallelism: int,
-            batch_size: int = 100) -> Dataflow:
-    """A count per key, and (when ``audit`` is given) a second keyed branch with a sink of its own."""
+            gate: Path, batch_size: int = 100) -> Dataflow:
+    """A count per key, and (when ``audit`` is given) a second keyed branch with a sink of its
+    own. Each source subtask holds after a third of its records until ``gate`` exists."""
     f = Dataflow("audited", parallelism=parallelism)
-    src = f.source(TestingSource(records, batch_size=batch_size), name="source")
+    held = GatedSource(TestingSource(records, batch_size=batch_size), gate, after=len(records) // (3 * parallelism))
+    src = f.source(held, name="source")
     src.key_by(lambda x: x % 1000).count(name="count").sink(sink, name="sink", parallelism=1)
     if audit is not None:
         src.filter(lambda x: x % 7 == 0, name="sevens").key_by().count(name="audit").sink(
@@ -120,15 +128,16 @@ def audited(records: list[int], sink: CapturingSink, audit: CapturingSink | None
 
 @pytest.mark.parametrize("after", [2, 3])
 def test_a_branch_removed_with_allow_non_restored_state_keeps_the_rest_exact(tmp_path, after):
-    records, ck = list(range(300_000)), str(tmp_path / "ck")
+    records, ck, gate = list(range(60_000)), str(tmp_path / "ck"), tmp_path / "gate"
     sink, audit = CapturingSink(tmp_path / "out"), CapturingSink(tmp_path / "audit")
-    first = audited(records, sink, audit, 2, batch_size=20).run(
+    first = audited(records, sink, audit, 2, gate, batch_size=20).run(
         checkpoint_interval=0.02, checkpoint_dir=ck, stop_when=lambda r: len(r.checkpoints) >= 2)
     assert first.cancelled
+    gate.touch()
     with pytest.raises(Exception) as info:  # the audit branch's state has nowhere to go
-        audited(records, sink, None, after).run(checkpoint_dir=ck, resume=True, restart_attempts=0)
+        audited(records, sink, None, after, gate).run(checkpoint_dir=ck, resume=True, restart_attempts=0)
     assert "audit" in str(info.value) and "allow_non_restored_state" in str(info.value)
-    res = audited(records, sink, None, after).run(checkpoint_dir=ck, resume=True, allow_non_restored_state=True,
+    res = audited(records, sink, None, after, gate).run(checkpoint_dir=ck, resume=True, allow_non_restored_state=True,
                                                   checkpoint_interval=0.05,
                                                   chaos=KillOnCheckpoints([1], seed=after), restart_delay=0)
     assert res.restored_from[0] == max(c.checkpoint_id for c in first.checkpoints)
