@@ -122,9 +122,11 @@ def fmt(r: Any) -> str:
 
 
 def build_flow(accounts: int = 100, count: int = 100_000, seed: int = 0, output: str = "balances.tsv",
-               parallelism: int = 2) -> Dataflow:
+               parallelism: int = 2, source: Source[Any] | None = None) -> Dataflow:
+    """``source``: the transfers (default: ``TransferSource(accounts, count, seed)``; a test
+    passes it wrapped, e.g. held by a GatedSource)."""
     flow = Dataflow("bank", parallelism=parallelism)
-    debits = flow.source(TransferSource(accounts, count, seed), name="transfers")
+    debits = flow.source(source or TransferSource(accounts, count, seed), name="transfers")
     credits = flow.feedback(name="credits")
     moves = debits.union(credits, name="merge").key_by(account_of).apply_keyed(Accounts(accounts), name="accounts")
     credits.connect(moves.filter(is_credit, name="in_flight"))

@@ -9,7 +9,7 @@ import pytest
 
 from abs_engine import Dataflow
 from abs_engine.checkpoint.storage import CheckpointStorage
-from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
+from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints, TestingSource
 from examples import bank, collatz
 from operators import Operator, RangeSource
 from tests.chaos_checks import assert_each_kill_restored
@@ -177,14 +177,19 @@ def test_bank_loop_on_the_spark_executor_under_sigkill_is_exact_and_conserved(tm
 def test_bank_resumed_at_another_parallelism_under_sigkill_is_exact_and_conserved(tmp_path, before, after):
     """The cycle rescaled: balances re-split by key group, credits in flight on the
     back-edge re-routed to the subtask that now owns their account."""
-    accounts, transfers, seed = 50, 150_000, before * 10 + after
-    ck, out = str(tmp_path / "ck"), str(tmp_path / "out.tsv")
-    first = bank.build_flow(accounts, transfers, seed, out, before).run(
+    accounts, transfers, seed = 50, 60_000, before * 10 + after
+    ck, out, gate = str(tmp_path / "ck"), str(tmp_path / "out.tsv"), tmp_path / "gate"
+
+    def held() -> GatedSource[Any]:  # a third of each subtask's transfers, then held until the gate opens
+        return GatedSource(bank.TransferSource(accounts, transfers, seed), gate, after=transfers // (3 * before))
+
+    first = bank.build_flow(accounts, transfers, seed, out, before, held()).run(
         checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000,
         stop_when=lambda r: len(r.checkpoints) >= 2)
     assert first.cancelled
+    gate.touch()
     chaos = KillOnCheckpoints([1, 2], seed=seed)
-    res = bank.build_flow(accounts, transfers, seed, out, after).run(
+    res = bank.build_flow(accounts, transfers, seed, out, after, held()).run(
         checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000, resume=True, chaos=chaos,
         restart_delay=0)
     assert res.restored_from[0] == max(c.checkpoint_id for c in first.checkpoints)
