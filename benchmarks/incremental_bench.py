@@ -32,7 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from abs_engine.checkpoint.incremental import ChainRef  # noqa: E402
-from abs_engine.checkpoint.storage import load_task_snapshot, write_state_file  # noqa: E402
+from abs_engine.checkpoint.safe_io import load_task_snapshot
+from abs_engine.checkpoint.storage import write_state_file  # noqa: E402
 from abs_engine.checkpoint import snapshot_file  # noqa: E402
 from abs_engine.runtime import snapshot_encoding  # noqa: E402
 from abs_engine.runtime.increments import Increments  # noqa: E402

@@ -39,7 +39,8 @@ from .. import messages
 from .incremental import ChainRef
 from .pending import AckOutcome, PendingCheckpoint, TaskSnapshot
 from .quiescence import QuiescenceDetector, Verdict
-from .storage import CheckpointStorage, FileEntry, Metadata
+from .metadata import FileEntry, Metadata
+from .storage import CheckpointStorage
 
 
 KEEP_STATS = 1000  #: the stats lists keep at least this many recent entries (bounded memory)

@@ -27,19 +27,10 @@ from .. import fs
 from ..errors import CheckpointError, CheckpointErrorReason
 from .incremental import ChainRef, load_chain
 from .snapshot_file import TaskSnapshotData
-from .storage import (
-    _DIR_RE,
-    MAX_METADATA,
-    MAX_STATE_FILE,
-    METADATA,
-    CheckpointStorage,
-    Metadata,
-    check_blob,
-    check_name,
-    chk_name,
-    load_task_snapshot,
-    write_state_file,
-)
+from .metadata import Metadata
+from .safe_io import (DIR_RE, MAX_METADATA, MAX_STATE_FILE, METADATA, check_blob, check_name, chk_name,
+                      load_task_snapshot, write_state_file)
+from .storage import CheckpointStorage
 
 _R = CheckpointErrorReason
 
@@ -80,7 +71,7 @@ class RemoteStorage(CheckpointStorage):
             names = self.store.list()
         except fs.StoreError as e:
             raise _unreachable(e) from e
-        return sorted(int(m.group(1)) for n in names if (m := _DIR_RE.match(n)))
+        return sorted(int(m.group(1)) for n in names if (m := DIR_RE.match(n)))
 
     def _has_metadata(self, checkpoint_id: int) -> bool:
         try:

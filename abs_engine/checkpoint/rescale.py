@@ -29,7 +29,7 @@ from typing import Any
 from .. import ids
 from ..errors import RescaleError, RescaleErrorReason
 from ..plan import Plan, operator_kind
-from .storage import Metadata
+from .metadata import Metadata
 
 _R = RescaleErrorReason
 

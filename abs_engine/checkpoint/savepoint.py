@@ -24,7 +24,8 @@ from .. import fs
 from ..errors import CheckpointError, CheckpointErrorReason
 from .remote import open_storage, write_task_state
 from .snapshot_file import decode_snapshot
-from .storage import CheckpointStorage, Metadata
+from .metadata import Metadata
+from .storage import CheckpointStorage
 
 PREFIX = "savepoint-"
 

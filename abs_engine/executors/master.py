@@ -46,7 +46,8 @@ from ..checkpoint.lock import DirectoryLock
 from ..checkpoint.remote import RemoteStorage, control_dir, open_storage
 from ..checkpoint.rescale import restore_specs
 from ..checkpoint.savepoint import load_savepoint, write_savepoint
-from ..checkpoint.storage import CheckpointStorage, Metadata
+from ..checkpoint.metadata import Metadata
+from ..checkpoint.storage import CheckpointStorage
 from ..errors import (AbsEngineError, CheckpointError, CheckpointErrorReason, ConfigError, JobFailed, JobInterrupted)
 from ..graph import LogicalGraph
 from ..plan import Plan

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import messages
-from ..checkpoint.storage import Metadata
+from ..checkpoint.metadata import Metadata
 from ..plan import Plan
 from . import docs
 from .model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointStat, CheckpointStatus, RecoveryEvent,

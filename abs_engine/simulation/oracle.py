@@ -8,7 +8,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.snapshot_file import decode_snapshot
-from ..checkpoint.storage import Metadata
+from ..checkpoint.metadata import Metadata
 
 if TYPE_CHECKING:
     from .sim import Sim

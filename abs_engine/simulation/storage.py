@@ -10,7 +10,8 @@ import hashlib
 import os
 
 from .. import codec
-from ..checkpoint.storage import CheckpointStorage, Metadata
+from ..checkpoint.metadata import Metadata
+from ..checkpoint.storage import CheckpointStorage
 from ..errors import CheckpointError, CheckpointErrorReason
 
 

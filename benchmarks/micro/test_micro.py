@@ -39,7 +39,8 @@ import pytest
 
 from abs_engine import codec
 from abs_engine.checkpoint.snapshot_file import decode_state
-from abs_engine.checkpoint.storage import CheckpointStorage, FileEntry, Metadata
+from abs_engine.checkpoint.metadata import FileEntry, Metadata
+from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.runtime.alignment import BarrierAligner, Outcome
 from abs_engine.runtime.channel import OutputChannel
 

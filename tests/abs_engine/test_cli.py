@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from abs_engine import codec
-from abs_engine.checkpoint.storage import METADATA, CheckpointStorage, FileEntry, Metadata
+from abs_engine.checkpoint.metadata import FileEntry, Metadata
+from abs_engine.checkpoint.safe_io import METADATA
+from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.cli import jsonable, main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -264,7 +266,7 @@ def test_jsonable():
 
 def forge_metadata(storage: CheckpointStorage, cid: int, body: dict) -> None:
     """``_metadata`` with any body and a valid self-checksum (a forgery, not damage)."""
-    from abs_engine.checkpoint.storage import FORMAT_VERSION, MAGIC
+    from abs_engine.checkpoint.safe_io import FORMAT_VERSION, MAGIC
 
     raw = codec.pack(body)
     with open(os.path.join(storage.dir_of(cid), METADATA), "wb") as f:

@@ -10,7 +10,8 @@ import pytest
 from abs_engine import codec, messages
 from abs_engine.checkpoint.coordinator import CheckpointCoordinator
 from abs_engine.checkpoint.pending import AckOutcome
-from abs_engine.checkpoint.storage import METADATA, CheckpointStorage
+from abs_engine.checkpoint.safe_io import METADATA
+from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.messages import NotifyComplete, Trigger
 
 SOURCES = ["read#0", "read#1"]

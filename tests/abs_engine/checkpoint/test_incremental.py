@@ -18,14 +18,9 @@ from abs_engine.checkpoint.coordinator import CheckpointCoordinator
 from abs_engine.checkpoint.incremental import ChainRef, apply, delta
 from abs_engine.checkpoint.remote import open_storage
 from abs_engine.checkpoint.savepoint import write_savepoint
-from abs_engine.checkpoint.storage import (
-    FORMAT_VERSION,
-    METADATA,
-    CheckpointStorage,
-    FileEntry,
-    Metadata,
-    write_state_file,
-)
+from abs_engine.checkpoint.metadata import FileEntry, Metadata
+from abs_engine.checkpoint.safe_io import FORMAT_VERSION, METADATA, write_state_file
+from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
 from abs_engine.checkpoint import snapshot_file
 from abs_engine.runtime import snapshot_encoding
@@ -256,7 +251,7 @@ def test_a_delta_file_named_as_full_in_metadata_is_refused(tmp_path):
     """Metadata without the chain a delta file needs cannot restore it as if it were whole."""
     storage, _, metas = run_chain(tmp_path, 2, retain=10)
     stripped = Metadata(**{**metas[-1].__dict__, "chains": {}})
-    from abs_engine.checkpoint.storage import encode_metadata
+    from abs_engine.checkpoint.metadata import encode_metadata
 
     storage._put_metadata(2, encode_metadata(stripped))
     with pytest.raises(CheckpointError) as info:

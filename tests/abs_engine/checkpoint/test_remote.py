@@ -11,14 +11,9 @@ import pytest
 
 from abs_engine import codec, fs
 from abs_engine.checkpoint.remote import RemoteStorage, load_task_state, open_storage, write_task_state
-from abs_engine.checkpoint.storage import (
-    METADATA,
-    CheckpointStorage,
-    FileEntry,
-    Metadata,
-    chk_name,
-    encode_metadata,
-)
+from abs_engine.checkpoint.metadata import FileEntry, Metadata, encode_metadata
+from abs_engine.checkpoint.safe_io import METADATA, chk_name
+from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
 
 _R = CheckpointErrorReason

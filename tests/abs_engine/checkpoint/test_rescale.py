@@ -7,7 +7,7 @@ import pytest
 
 from abs_engine import Dataflow
 from abs_engine.checkpoint.rescale import restore_specs
-from abs_engine.checkpoint.storage import FileEntry, Metadata
+from abs_engine.checkpoint.metadata import FileEntry, Metadata
 from abs_engine.errors import RescaleError, RescaleErrorReason
 from abs_engine.testing import TestingSource
 from operators import FileSink

@@ -12,7 +12,7 @@ import pytest
 
 from abs_engine import codec
 from abs_engine.checkpoint import spill
-from abs_engine.checkpoint.storage import load_task_snapshot, write_state_file
+from abs_engine.checkpoint.safe_io import load_task_snapshot, write_state_file
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
 from abs_engine.checkpoint.snapshot_file import encode as snapshot_file
 
@@ -108,7 +108,8 @@ def test_a_state_file_with_malformed_spill_references_is_corrupt(tmp_path):
 def test_verification_checks_spill_files_and_reading_the_logs_resolves_them(tmp_path):
     """A checkpoint's verification (what recovery runs before choosing it) reads every
     spill file with its checks, and a damaged one makes the checkpoint invalid."""
-    from abs_engine.checkpoint.storage import CheckpointStorage, FileEntry, Metadata
+    from abs_engine.checkpoint.metadata import FileEntry, Metadata
+    from abs_engine.checkpoint.storage import CheckpointStorage
 
     root = str(tmp_path)
     ref = write(root, "t#0.tag.spill0", spill.encode({"a": frames([1, 2])}))

@@ -8,14 +8,9 @@ import os
 import pytest
 
 from abs_engine import codec
-from abs_engine.checkpoint.storage import (
-    FORMAT_VERSION,
-    MAGIC,
-    METADATA,
-    CheckpointStorage,
-    FileEntry,
-    Metadata,
-)
+from abs_engine.checkpoint.metadata import FileEntry, Metadata
+from abs_engine.checkpoint.safe_io import FORMAT_VERSION, MAGIC, METADATA
+from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
 
 FP = "fingerprint-1"
@@ -503,7 +498,7 @@ def test_state_file_that_passes_its_checksum_but_is_not_msgpack_is_corrupt_state
     """A bug in whoever wrote the file (not a disk error): typed error, not a msgpack crash."""
     import hashlib
 
-    from abs_engine.checkpoint.storage import FileEntry
+    from abs_engine.checkpoint.metadata import FileEntry
 
     d = storage.dir_of(1)
     os.makedirs(d, exist_ok=True)
@@ -683,7 +678,7 @@ def test_fifo_as_state_file_does_not_hang(storage):
 
 @pytest.mark.timeout(10)
 def test_oversized_metadata_is_refused_unread(storage):
-    from abs_engine.checkpoint.storage import MAX_METADATA
+    from abs_engine.checkpoint.safe_io import MAX_METADATA
 
     make_checkpoint(storage, 1)
     with open(meta_path(storage, 1), "r+b") as f:
@@ -746,7 +741,7 @@ def test_symlinked_checkpoint_dirs_are_reported_never_followed(tmp_path):
 
 
 def test_write_state_file_creates_and_returns_path(storage):
-    from abs_engine.checkpoint.storage import write_state_file
+    from abs_engine.checkpoint.safe_io import write_state_file
 
     os.makedirs(storage.root)
     path = write_state_file(storage.root, 3, "t#0.state", b"abc")
@@ -758,7 +753,7 @@ def test_write_state_file_creates_and_returns_path(storage):
 
 @pytest.mark.parametrize("planted", ["symlink", "file", "dangling"])
 def test_write_state_file_refuses_a_planted_file(storage, tmp_path, planted):
-    from abs_engine.checkpoint.storage import write_state_file
+    from abs_engine.checkpoint.safe_io import write_state_file
 
     target = tmp_path / "target"
     target.write_bytes(b"original")
@@ -779,7 +774,7 @@ def test_write_state_file_refuses_a_planted_file(storage, tmp_path, planted):
 
 
 def test_write_state_file_refuses_a_symlinked_checkpoint_dir(storage, tmp_path):
-    from abs_engine.checkpoint.storage import write_state_file
+    from abs_engine.checkpoint.safe_io import write_state_file
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -796,7 +791,7 @@ def test_write_state_file_refuses_a_symlinked_checkpoint_dir(storage, tmp_path):
 
 
 def test_write_state_file_refuses_an_unsafe_name(storage):
-    from abs_engine.checkpoint.storage import write_state_file
+    from abs_engine.checkpoint.safe_io import write_state_file
 
     os.makedirs(storage.root)
     with pytest.raises(CheckpointError) as ei:
@@ -947,7 +942,7 @@ def test_back_edge_records_still_decode_as_tuples(storage):
 
 
 def test_load_task_snapshot_for_workers(storage, tmp_path):
-    from abs_engine.checkpoint.storage import load_task_snapshot
+    from abs_engine.checkpoint.safe_io import load_task_snapshot
 
     meta = make_checkpoint(storage, 1, states={"t#0": {"op": STATE_WITH_LISTS}})
     e = meta.tasks["t#0"]
@@ -970,7 +965,7 @@ def test_load_task_snapshot_for_workers(storage, tmp_path):
 
 
 def test_read_checked_and_load_task_snapshot(storage, tmp_path):
-    from abs_engine.checkpoint.storage import load_task_snapshot, read_checked
+    from abs_engine.checkpoint.safe_io import load_task_snapshot, read_checked
 
     meta = make_checkpoint(storage, 1)
     e = meta.tasks["read#0"]

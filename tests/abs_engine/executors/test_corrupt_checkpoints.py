@@ -11,7 +11,8 @@ import signal
 import pytest
 
 from abs_engine import Dataflow
-from abs_engine.checkpoint.storage import METADATA, CheckpointStorage
+from abs_engine.checkpoint.safe_io import METADATA
+from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.testing import CapturingSink
 from operators import FileSink, Source, TextFileSource
 from tests.abs_engine.executors.test_recovery import as_counts, output_lines

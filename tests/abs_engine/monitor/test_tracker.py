@@ -5,7 +5,7 @@ stays bounded."""
 from __future__ import annotations
 
 from abs_engine import Dataflow, messages
-from abs_engine.checkpoint.storage import FileEntry, Metadata
+from abs_engine.checkpoint.metadata import FileEntry, Metadata
 from abs_engine.executors import config
 from abs_engine.monitor import docs
 from abs_engine.monitor.model import CheckpointStatus
