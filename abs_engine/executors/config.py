@@ -319,6 +319,9 @@ class JobResult:
     #: workers launched, connected, restored); ``duration_s - running_after_s`` is the run.
     running_after_s: float = 0.0
     restarts: int = 0  #: attempts started after a failure
+    #: The states the job went through, in order (executors/lifecycle.py): e.g. CREATED,
+    #: SCHEDULING, RUNNING, RECOVERING, SCHEDULING, RESTORING, RUNNING, FINISHED.
+    phases: list[str] = field(default_factory=list)
     kills: int = 0  #: workers the ``chaos`` option killed
     #: Workers that died (a signal, a crash) or went silent, whoever killed them; each one
     #: is followed by a restart (``restarts``) unless the job gave up.

@@ -36,7 +36,6 @@ import uuid
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .. import auth, codeship, fs, messages
-from ..messages import FailureCause
 from ..tls import Material
 from ..checkpoint import fence
 from ..checkpoint.coordinator import CheckpointCoordinator
@@ -57,7 +56,9 @@ from ..monitor.tracker import JobState, JobTracker
 from .config import JobConfig, JobResult
 from .job_control import ControlServer
 from .attempt import Attempt, ProcessAttempt
-from .failures import WorkerFailure, error_line
+from .failover import Decision, FailureManager
+from .lifecycle import Lifecycle, Phase
+from .failures import WorkerFailure
 from .launcher import Launcher
 from .requests import SavepointRequests
 
@@ -98,12 +99,11 @@ class JobMaster:
         self.tracker = JobTracker(plan, config.mode, config.checkpoint_interval if config.mode != "none" else None)
         self.stats_writer: StatsWriter | None = None
         self.highest_id = 0  #: the highest checkpoint id triggered in this run
-        #: (operator, record digest) of failures seen: the same again after a restart is a poison record.
-        self.failed_records: set[tuple[str | None, str]] = set()
+        #: Restart or fail, after each failed attempt (executors/failover.py).
+        self.failover = FailureManager(config.restart_attempts)
+        #: Where the job is in its life (executors/lifecycle.py).
+        self.lifecycle = Lifecycle()
         self.consecutive_expired = 0
-        #: Checkpoints a worker failed to read back (changed after the driver verified them):
-        #: the next attempt falls back to an older one instead of retrying the same.
-        self.unusable: dict[int, str] = {}
 
     # ---- the job --------------------------------------------------------------------------
 
@@ -216,6 +216,8 @@ class JobMaster:
                 state = JobState.CANCELED
                 raise self._interrupted(e, None if temp else storage.shown) from None
             finally:
+                self.lifecycle.to(Phase(state.value))  # FINISHED, FAILED or CANCELED: the job has ended
+                self.result.phases = [p.value for p in self.lifecycle.history]
                 self.requests.close(f"the job ended ({state.value.lower()}) before the savepoint was taken")
                 self._ended(state)
             self.result.duration_s = time.monotonic() - self.started
@@ -255,7 +257,7 @@ class JobMaster:
         try:
             while True:
                 meta, skipped = storage.latest_valid(self.fingerprint, job_id=self.job_id or None, shape=self.shape,
-                                                     unusable=self.unusable, any_shape=cfg.allow_non_restored_state,
+                                                     unusable=self.failover.unusable, any_shape=cfg.allow_non_restored_state,
                                                      operators={o.name for o in self.plan.operators})
                 if not self.job_id:
                     self.job_id = (meta.job_id if meta is not None and meta.job_id else uuid.uuid4().hex[:16])
@@ -276,6 +278,7 @@ class JobMaster:
                         self.result.job_id = self.tracker.job_id = self.job_id
                 if meta is not None:
                     self.result.restored_from.append(meta.checkpoint_id)
+                self.lifecycle.to(Phase.SCHEDULING)
                 self.tracker.attempt_started(attempt, meta.checkpoint_id if meta is not None else None,
                                              savepoint=restore_root != storage.root)
                 self.result.recoveries = list(self.tracker.recoveries)
@@ -296,25 +299,11 @@ class JobMaster:
                         self.result.add_checkpoint(stat)
                     if f.operator is None:
                         self.result.workers_lost += 1  # died (a signal, a crash) or went silent
-                    if f.cause is FailureCause.RESTORE and meta is not None:
-                        self.unusable[meta.checkpoint_id] = error_line(f.traceback) or str(f)
-                    # A record, or a stuck operator: the same again after a restart cannot pass.
-                    again = f.digest or ("stuck" if f.cause is FailureCause.STUCK else "")
-                    repeat = bool(again) and (f.operator, again) in self.failed_records
-                    if again:
-                        self.failed_records.add((f.operator, again))
-                    if f.fatal or repeat or attempt >= cfg.restart_attempts:
-                        if repeat and f.cause is FailureCause.STUCK:
-                            why = ("got stuck again in the same operator after a restart, so retrying cannot help "
-                                   "(raise task_timeout if the call is only slow)")
-                        elif repeat:
-                            why = ("failed again on the same record after a restart (a poison record: retrying "
-                                   "cannot help; fix the function, or pass on_error='skip' to that operator)")
-                        elif f.fatal:
-                            why = "cannot be retried"
-                        else:
-                            why = f"failed {attempt + 1} time(s), restart attempts exhausted"
-                        raise JobFailed(f"job {self.plan.job!r} {why}: {f}", f.operator, f.traceback) from None
+                    verdict = self.failover.on_failure(f, attempt, meta.checkpoint_id if meta is not None else None)
+                    if verdict.decision is Decision.RESTART:
+                        self.lifecycle.to(Phase.RECOVERING)
+                    if verdict.decision is Decision.FAIL:
+                        raise JobFailed(f"job {self.plan.job!r} {verdict.why}: {f}", f.operator, f.traceback) from None
                     attempt += 1
                     self.result.restarts += 1
                     self.tracker.failed_over(f.task, f.public, attempt, at=f.time)
@@ -381,6 +370,8 @@ class JobMaster:
                     raise  # the cluster cannot run this job at all (too few slots): say so at once
                 raise WorkerFailure("*", None, f"could not start the workers again: {err}") from None
             self.tracker.workers_connected(pids)
+            if meta is not None:
+                self.lifecycle.to(Phase.RESTORING)
             self._drive(attempt, storage, meta, next_id)
         finally:
             attempt.close()
@@ -457,6 +448,7 @@ class JobMaster:
                         started = True
                         self.result.running_after_s = time.monotonic() - self.started
                         self.tracker.all_running()
+                        self.lifecycle.to(Phase.RUNNING)
                         self.result.recoveries = list(self.tracker.recoveries)
                         coord.start()
                     elif now > running_deadline:
@@ -471,6 +463,7 @@ class JobMaster:
                         elif not stop:
                             self.savepoint_requested = True
                     if self.stop_requested and not coord.stopping:
+                        self.lifecycle.to(Phase.STOPPING)
                         coord.request_savepoint(stop=True)
                     if self.savepoint_requested:
                         self.savepoint_requested = False
