@@ -219,8 +219,36 @@ class Operator(Guarded, ABC):
     #: after each call (``take_skipped``).
     skipped: list[tuple[Any, BaseException]]
 
+    #: Capabilities the runtime reads (declared, never probed):
+    #: it has processing-time timers: the task asks ``next_processing_timer`` and calls
+    #: ``on_processing_time`` when one is due (operators/timers.py).
+    processing_timers: bool = False
+    #: its keyed state can be checkpointed incrementally: ``track_changes``,
+    #: ``take_changes`` and ``untrack_changes`` (operators/keyed.py, runtime/increments.py).
+    incremental: bool = False
+    #: Spark task slots it occupies while the job runs (a Spark source reads through jobs of its own).
+    spark_slots: int = 0
+
     def open(self, ctx: OperatorContext) -> None:
         self.ctx = ctx
+
+    def check(self) -> None:
+        """Called in the driver before the job starts: raise an error naming a missing input
+        or a bad setting (a sink's output, a source's files)."""
+
+    def driver_start(self) -> None:
+        """Called in the driver after check(), before the operator is shipped (once per job)."""
+
+    def driver_stop(self) -> None:
+        """Called in the driver when the job has ended, however it ended."""
+
+    def next_processing_timer(self) -> float | None:
+        """With ``processing_timers``: when the earliest is due (None: there is none)."""
+        return None
+
+    def on_processing_time(self, now: float) -> list[Any]:
+        """With ``processing_timers``: fire what is due at ``now``; the records to emit."""
+        return []
 
     @abstractmethod
     def process(self, batch: list[Any]) -> list[Any]:
@@ -267,6 +295,10 @@ class Source(Guarded, ABC, Generic[T]):
 
     #: Records left out of a batch by on_error="skip": (record, exception); see Operator.
     skipped: list[tuple[Any, BaseException]]
+
+    #: Spark task slots it occupies while the job runs (a Spark source reads through jobs of its own).
+    spark_slots: int = 0
+    incremental: bool = False  #: (sources keep offsets, written whole)
 
     #: The source tracks event time: after each read the task asks ``watermark_status``
     #: what to send downstream (operators/eventtime.py). A capability the task reads, not probes.
@@ -329,10 +361,7 @@ class WrappingSource(Source[T], Generic[T]):
 
     def __init__(self, inner: Source[T]):
         self.inner = inner
-
-    @property
-    def spark_slots(self) -> int:
-        return int(getattr(self.inner, "spark_slots", 0))
+        self.spark_slots = inner.spark_slots
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)

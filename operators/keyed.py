@@ -32,6 +32,7 @@ KeyFn = Callable[[Any], Any] | None
 
 class _Keyed(Operator):
     #: Incremental checkpoints: track key -> value (from the output pairs) instead of keys.
+    incremental = True  #: track_changes / take_changes / untrack_changes below
     TRACKS_VALUES = False
 
     def __init__(self, key_fn: KeyFn = None):

@@ -155,6 +155,8 @@ class TimedOperator(Operator):
     ``fire(key, timestamp, domain)`` and keep their per-key data in ``keyed_state()`` /
     ``restore_keyed`` (a map key -> value, split by key group on a rescale)."""
 
+    processing_timers = True
+
     key_fn: Callable[[Any], Any] | None = None
 
     def open(self, ctx: OperatorContext) -> None:

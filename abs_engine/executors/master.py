@@ -110,16 +110,12 @@ class JobMaster:
     def run(self) -> JobResult:
         templates = [n.template for n in self.graph.nodes.values()]
         for t in templates:
-            check = getattr(t, "check", None)
-            if check is not None:
-                check()
+            t.check()
         started = []
         try:
             for t in templates:
-                start = getattr(t, "driver_start", None)
-                if start is not None:
-                    start()
-                    started.append(t)
+                t.driver_start()
+                started.append(t)
             self.code = codeship.ship(self.graph)
             with self._stop_on_signals(), self._dashboard():
                 return self._run()
@@ -615,7 +611,7 @@ def run_job(flow: "Dataflow", config: JobConfig) -> JobResult:
     """Compile ``flow`` and run it on the executor ``config.executor`` names."""
     plan = flow.compile()
     # Spark sources read through Spark jobs of their own while the job runs.
-    reserve = sum(int(getattr(n.template, "spark_slots", 0)) for n in flow.graph.nodes.values())
+    reserve = sum(n.template.spark_slots for n in flow.graph.nodes.values())
     launcher = make_launcher(config, reserve)
     try:
         master = JobMaster(flow.graph, plan, config, launcher)

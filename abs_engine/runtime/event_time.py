@@ -35,8 +35,7 @@ class EventTime:
         self.watermark_ops = [(i, op) for i, op in enumerate(chain.ops)
                               if type(op).on_watermark is not Operator.on_watermark]
         #: Operators with processing-time timers, and when the earliest is due (inf: none).
-        self.timed_ops: list[tuple[int, Any]] = [(i, op) for i, op in enumerate(chain.ops)
-                                                 if callable(getattr(op, "next_processing_timer", None))]
+        self.timed_ops: list[tuple[int, Any]] = [(i, op) for i, op in enumerate(chain.ops) if op.processing_timers]
         self.next_timer = MAX_WATERMARK
 
     # ---- watermarks ------------------------------------------------------------------------

@@ -48,9 +48,7 @@ class Increments:
     def __init__(self, operators: list[tuple[str, Any]], enabled: bool, max_chain: int = MAX_CHAIN):
         self.candidates: dict[str, Any] = {}
         if enabled:
-            self.candidates = {name: op for name, op in operators
-                               if all(callable(getattr(op, m, None))
-                                      for m in ("track_changes", "take_changes", "untrack_changes"))}
+            self.candidates = {name: op for name, op in operators if op.incremental}
         self.max_chain = max_chain
         #: The newest completed checkpoint this task was told of (0: none; -1: no deltas ever).
         self.known = 0 if self.candidates else -1

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from operators.base import Source
+
 from ..checkpoint.incremental import ChainRef
 from ..checkpoint.remote import load_task_state
 from ..checkpoint.snapshot_file import TaskSnapshotData
@@ -53,7 +55,7 @@ def load(restore: dict[str, Any], plan: Plan, spec: TaskSpec, operators: dict[st
             continue
         op = operators[name]
         if not finished and any(snaps[t].finished for t in olds) and not (
-                hasattr(op, "read_batch") or all(st is None for st in old_states)):
+                isinstance(op, Source) or all(st is None for st in old_states)):
             raise RescaleError(RescaleErrorReason.FINISHED,
                                f"checkpoint {cid} was taken after some subtasks of operator {name!r} had finished "
                                "their input and emitted their final output: resume from an earlier checkpoint, or "

@@ -134,9 +134,9 @@ class Task:
         #: operators that report records they drop (a window's late records).
         self.skippers: list[tuple[str, Any]] = [
             (n, g) for n, g in [*chain.all_operators(), *((o.label, o) for o in outputs)]
-            if getattr(g, "reports_skipped", False)]
+            if g.reports_skipped]
         #: An out-edge's key function may skip records: reported as soon as ``_emit`` is done.
-        self.edges_skip = any(getattr(o, "reports_skipped", False) for o in outputs)
+        self.edges_skip = any(o.reports_skipped for o in outputs)
         #: Watermarks and timers (runtime/event_time.py).
         self.time = EventTime(chain, (c.id for c in inputs.values() if not c.back_edge), clock,
                               lambda batch, i: self._emit(self._process(batch, i)), self._broadcast,
