@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,14 +77,17 @@ def stage2_key(r: tuple[int, int]) -> int:
     return r[1] % K2
 
 
-def pipeline(n: int, sink: CapturingSink, parallelism: int, gate: Path, hold: int) -> Dataflow:
+def pipeline(n: int, sink: CapturingSink, parallelism: int, gate: Path | None = None, hold: int = 0) -> Dataflow:
     """The benchmark's pipeline shape with an exact oracle: two keyed shuffles of running
     counts, every record emitted downstream and captured (so each emission must happen once).
-    Each source subtask holds after ``hold`` records until ``gate`` exists."""
+    With ``gate``, each source subtask holds after ``hold`` records until the file exists."""
     from operators import RangeSource
 
     flow = Dataflow("pipeline", parallelism=parallelism)
-    s1 = flow.source(GatedSource(RangeSource(n, batch_size=1_000), gate, after=hold), name="source").map(stage1_key, name="k1").key_by().count(
+    source: Any = RangeSource(n, batch_size=1_000)
+    if gate is not None:
+        source = GatedSource(source, gate, after=hold)
+    s1 = flow.source(source, name="source").map(stage1_key, name="k1").key_by().count(
         name="count1")
     s1.key_by(stage2_key).count(name="count2").sink(sink, name="sink", parallelism=1)
     return flow
