@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from abs_engine.checkpoint.incremental import ChainRef  # noqa: E402
 from abs_engine.checkpoint.safe_io import load_task_snapshot
-from abs_engine.checkpoint.storage import write_state_file  # noqa: E402
+from abs_engine.checkpoint.safe_io import write_state_file  # noqa: E402
 from abs_engine.checkpoint import snapshot_file  # noqa: E402
 from abs_engine.runtime import snapshot_encoding  # noqa: E402
 from abs_engine.runtime.increments import Increments  # noqa: E402
