@@ -1,11 +1,12 @@
-"""The task's environment in memory: connections as byte queues and a snapshot writer that writes at once on the caller's thread.
+"""The task's environment in memory: connections as byte queues, and a snapshot writer that
+writes at once on the caller's thread.
 
 The runtime's task (runtime/task.py) is written against its environment -- input and
-output channels over a link, a control link, a snapshot writer, a clock and a poller --
-and not against sockets and threads. The worker process gives it TCP (or TLS) links, a
-writer thread and the system clock; the deterministic simulation (abs_engine/simulation/)
-gives it what this module holds, so it runs the very same task code one step at a time,
-in one thread, in an order a seeded scheduler picks.
+output channels over a link, a control link, a snapshot writer and a clock -- and not
+against sockets and threads. The worker process gives it TCP (or TLS) links, a writer
+thread and the system clock; the deterministic simulation (abs_engine/simulation/) and the
+in-process executor give it what this module holds, so they run the very same task code in
+one thread (the simulation one step at a time, in an order a seeded scheduler picks).
 
 Invariants:
 - A ``MemoryLink`` is FIFO and unbounded: a send never blocks (so one thread can drive

@@ -141,6 +141,8 @@ class Task:
         self.time = EventTime(chain, (c.id for c in inputs.values() if not c.back_edge), clock,
                               lambda batch, i: self._emit(self._process(batch, i)), self._broadcast,
                               self._after_user_code)
+        #: Some operator has processing-time timers: the hot path asks about them only then.
+        self.timed = bool(self.time.timed_ops)
         # Side outputs (late records of a window): only a chain's tail can have them.
         self.main_outputs = [o for o in outputs if not o.side]
         self.side_outputs = [o for o in outputs if o.side]
@@ -190,7 +192,8 @@ class Task:
             self._report_skipped()  # the source's skips (a batch it emptied), the out-edges'
         if self.time.source is not None:
             self.time.source_status(bool(batch))
-        self.time.fire_timers()
+        if self.timed:
+            self.time.fire_timers()
 
     def may_take(self, ch: InputChannel) -> bool:
         """``ch``'s next frame may be processed now: it is not blocked by an alignment, nor
@@ -226,7 +229,8 @@ class Task:
             per = (clock.perf_counter() - began) / len(batch)
             self._per_record = per if not self._per_record else 0.8 * self._per_record + 0.2 * per
             self.gather_max = max(1, min(GATHER_MAX, int(BATCH_WORK / max(self._per_record, 1e-9))))
-        self.time.fire_timers()  # a busy task's processing-time timers, if due
+        if self.timed:
+            self.time.fire_timers()  # a busy task's processing-time timers, if due
 
     def service(self) -> None:
         """Between frames of a busy task: control messages, read-ahead, aligned timeout."""
@@ -340,7 +344,8 @@ class Task:
                 self.records_out += len(side)
                 for out in self.side_outputs:
                     out.emit(side)
-        self.time.schedule_timers()
+        if self.timed:
+            self.time.schedule_timers()
         if self.edges_skip:
             self._report_skipped()
 
