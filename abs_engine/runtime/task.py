@@ -11,12 +11,11 @@ Invariants:
   it is; an aligned checkpoint whose alignment passes ``aligned_timeout`` turns unaligned.
 - Every barrier decision is the barrier handler's (runtime/barriers.py); what a snapshot
   holds and in which order it is written, the snapshots' (runtime/snapshots.py); event
-  time and timers, runtime/event_time.py's. The task carries out what they decide.
+  time and timers, runtime/event_time.py's; how records are batched, runtime/batching.py's;
+  what leaves the task, runtime/emitter.py's. The task carries out what they decide.
 - Back-edge input past ``loop_memory`` spills to disk and is read back in order
   (runtime/overflow.py); past ``loop_disk`` spilled the task fails with LoopOverflow,
-  naming the loop. A frame is processed in batches of at most ``GATHER_MAX`` records, so
-  an operator that emits more than it takes in cannot grow batches (and the frames they
-  become) trip after trip.
+  naming the loop.
 - The task never reads a socket, a thread or the system clock itself: a driver hands it
   frames (``take``), control messages (``on_control``) and source reads (``read_source``),
   and it reads time from its ``clock``. The worker's driver is runtime/task_loop.py; the
@@ -32,26 +31,19 @@ from typing import Any
 
 from .. import codec, messages
 from ..plan import TaskSpec
+from .batching import GATHER_MAX, Batcher
 from .barriers import Action, BarrierHandler, Block, Release, Snapshot, Write
 from .chain import Chain, record_repr
 from .channel import InputChannel
 from .clock import SYSTEM, Clock
 from .control import ControlLink
+from .emitter import Emitter
 from .output import Output
 from .overflow import LoopBudget
 from .event_time import EventTime
 from .snapshots import Snapshots
 from .task_options import TaskOptions
 from .writer import Writer
-
-GATHER_MAX = 8192  # records gathered from buffered frames before they are processed
-#: With unaligned checkpoints possible, a gathered batch is kept to about this much work
-#: (measured per record), so a trigger waits for at most that: a slow stage's batch of
-#: GATHER_MAX records could otherwise hold the task for a second.
-BATCH_WORK = 0.01
-#: Responsive, before a batch has been measured: a small first batch (a slow stage's first
-#: batch of GATHER_MAX records could hold up the job's first unaligned checkpoint).
-FIRST_BATCH = 64
 
 __all__ = ["GATHER_MAX", "LoopNotQuiet", "Task", "TaskOptions", "record_repr"]
 
@@ -111,42 +103,40 @@ class Task:
         self.responsive = options.unaligned or options.aligned_timeout is not None
         #: Inputs blocked by an alignment in progress (parked with the driver).
         self._blocked: list[InputChannel] = []
-        #: Records gathered before they are processed: GATHER_MAX, or (responsive) what
-        #: BATCH_WORK allows at the measured seconds per record.
-        self.gather_max = FIRST_BATCH if self.responsive else GATHER_MAX
-        self._per_record = 0.0
-        self.finished = False
+        #: Records gathered from frames before they are processed (runtime/batching.py).
+        self.batcher = Batcher(self.responsive, clock)
         self.inputs_ended = False  #: every regular input ended (reported once)
         self.paused = False  #: stop-the-world: a source reads nothing until Resume
         self.stop = False
         #: Stopped with a savepoint: the driver holds every connection open until Shutdown.
         self.await_shutdown = False
         self.records_in = 0
-        self.records_out = 0
         #: Inputs with frames to process, in the order they get a turn.
         self.runnable: deque[InputChannel] = deque()
-        self.gathered: list[Any] = []
+        #: The output side: chain, out-edges, skipped records, end of stream (runtime/emitter.py).
+        self.emitter = Emitter(spec.id, chain, outputs, control)
+        self._process, self._emit, self._broadcast = self.emitter.process, self.emitter.emit, self.emitter.broadcast
+        self.skippers = self.emitter.skippers
         #: Snapshots, channel-state logs, read-ahead, what reaches the writer (runtime/snapshots.py).
         self.snapshots = Snapshots(spec.id, chain, self.barriers, writer, options, clock, inputs, self._broadcast,
                                    self.runnable)
-        #: What may skip records and must have them reported (``_report_skipped``): the
-        #: source, operators and out-edges (key functions) whose on_error is "skip", and
-        #: operators that report records they drop (a window's late records).
-        self.skippers: list[tuple[str, Any]] = [
-            (n, g) for n, g in [*chain.all_operators(), *((o.label, o) for o in outputs)]
-            if g.reports_skipped]
-        #: An out-edge's key function may skip records: reported as soon as ``_emit`` is done.
-        self.edges_skip = any(o.reports_skipped for o in outputs)
         #: Watermarks and timers (runtime/event_time.py).
         self.time = EventTime(chain, (c.id for c in inputs.values() if not c.back_edge), clock,
                               lambda batch, i: self._emit(self._process(batch, i)), self._broadcast,
-                              self._after_user_code)
+                              self.emitter.after_user_code)
         #: Some operator has processing-time timers: the hot path asks about them only then.
         self.timed = bool(self.time.timed_ops)
-        # Side outputs (late records of a window): only a chain's tail can have them.
-        self.main_outputs = [o for o in outputs if not o.side]
-        self.side_outputs = [o for o in outputs if o.side]
-        self.side_op = chain.ops[-1] if self.side_outputs and chain.ops else None
+        if self.timed:
+            self.emitter.after_emit = self.time.schedule_timers
+
+    @property
+    def finished(self) -> bool:
+        """End of stream was sent on every out-edge: nothing more leaves the task."""
+        return self.emitter.finished
+
+    @property
+    def records_out(self) -> int:
+        return self.emitter.records_out
 
     @property
     def last_snapshot(self) -> int:
@@ -189,7 +179,7 @@ class Task:
             self.records_in += len(batch)
             self._emit(self._process(batch, 0) if self.ops else batch)
         if self.skippers:
-            self._report_skipped()  # the source's skips (a batch it emptied), the out-edges'
+            self.emitter.report_skipped()  # the source's skips (a batch it emptied), the out-edges'
         if self.time.source is not None:
             self.time.source_status(bool(batch))
         if self.timed:
@@ -217,20 +207,14 @@ class Task:
         gathered is processed on the same side of a snapshot as it would be alone. Gathering
         keeps batches large where hash exchanges split them (round a loop they would halve
         on every trip)."""
-        if self.gathered:
-            batch, self.gathered = self.gathered, []
-            self.records_in += len(batch)
-            if not self.responsive:
-                self._emit(self._process(batch, 0))
-                return
-            clock = self.clock
-            began = clock.perf_counter()
-            self._emit(self._process(batch, 0))
-            per = (clock.perf_counter() - began) / len(batch)
-            self._per_record = per if not self._per_record else 0.8 * self._per_record + 0.2 * per
-            self.gather_max = max(1, min(GATHER_MAX, int(BATCH_WORK / max(self._per_record, 1e-9))))
+        if self.batcher.gathered:
+            self.records_in += len(self.batcher.gathered)
+            self.batcher.run(self._process_all)
         if self.timed:
             self.time.fire_timers()  # a busy task's processing-time timers, if due
+
+    def _process_all(self, batch: list[Any]) -> None:
+        self._emit(self._process(batch, 0))
 
     def service(self) -> None:
         """Between frames of a busy task: control messages, read-ahead, aligned timeout."""
@@ -316,64 +300,14 @@ class Task:
     def _unpark(self, ch: InputChannel) -> None:
         """``ch`` is free again (or ended): the driver may read it (if it has not ended)."""
 
-    # ---- the chain ------------------------------------------------------------------
-
-    def _process(self, batch: list[Any], start: int = 0) -> list[Any]:
-        batch = self.chain.process(batch, start)
-        if self.skippers:
-            self._report_skipped()
-        return batch
-
-    def _report_skipped(self) -> None:
-        """Every record the source, the operators and the out-edges skipped (or a window
-        dropped as late) since the last call, one Skipped message each. Called after each
-        call that may skip (``_emit`` for an out-edge's)."""
-        for name, g in self.skippers:
-            for record, err in g.take_skipped():
-                self.control.send(messages.Skipped(self.spec.id, name, record_repr(record),
-                                                   f"{type(err).__name__}: {err}"[:500]))
-
-    def _emit(self, batch: list[Any]) -> None:
-        if batch:
-            self.records_out += len(batch)
-            for out in self.main_outputs:
-                out.emit(batch)
-        if self.side_op is not None:
-            side = self.side_op.take_side_output()
-            if side:
-                self.records_out += len(side)
-                for out in self.side_outputs:
-                    out.emit(side)
-        if self.timed:
-            self.time.schedule_timers()
-        if self.edges_skip:
-            self._report_skipped()
-
-    def _broadcast(self, frame: bytes) -> None:
-        """A frame to every output, unless the task has ended them."""
-        if not self.finished:
-            for out in self.outputs:
-                out.broadcast(frame)
-
-    def _after_user_code(self) -> None:
-        if self.skippers:
-            self._report_skipped()
-
     # ---- end of stream ----------------------------------------------------------------
 
     def _finish(self) -> None:
-        """End of input: flush final results through the chain, then end of stream."""
-        self._emit(self.chain.finish())
-        if self.skippers:
-            self._report_skipped()  # after _emit: the out-edges' skips too, before the end
-        self._end_outputs()
+        """End of input: final results through the chain, then end of stream."""
+        self.emitter.finish(self.records_in)
 
     def _end_outputs(self) -> None:
-        end = codec.frame(codec.FrameKind.END)
-        for out in self.outputs:
-            out.broadcast(end)
-        self.finished = True
-        self.control.send(messages.Finished(self.spec.id, self.records_in, self.records_out))
+        self.emitter.end(self.records_in)
 
     def _maybe_finish(self) -> None:
         if self.finished or not self.barriers.regular_ended:
@@ -406,19 +340,7 @@ class Task:
                     self.snapshots.spill()
             batch = codec.unpack(payload)
             ch.records += len(batch)
-            # At most GATHER_MAX records a batch, however many the frame holds: a loop whose
-            # operators emit more than they take in would otherwise double its batches and
-            # frames on every trip (measured: one batch of 800k records, 400 MB, in 8 s).
-            # A frame that fits is gathered whole, as before.
-            i, n = 0, len(batch)
-            while len(self.gathered) + n - i > GATHER_MAX:
-                j = i + GATHER_MAX - len(self.gathered)
-                self.gathered.extend(batch[i:j])
-                i = j
-                self.flush()  # empties gathered
-            self.gathered.extend(batch[i:] if i else batch)
-            if len(self.gathered) >= self.gather_max:
-                self.flush()
+            self.batcher.add(batch, self.flush)
             return
         self.flush()
         if kind == codec.FrameKind.BARRIER:

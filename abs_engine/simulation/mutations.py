@@ -47,9 +47,9 @@ def _barrier_before_gathered(self: Task, ch: Any, kind: int, payload: bytes, ahe
     if kind == codec.FrameKind.RECORDS:
         _on_frame(self, ch, kind, payload, ahead)
         return
-    held, self.gathered = self.gathered, []
+    held, self.batcher.gathered = self.batcher.gathered, []
     _on_frame(self, ch, kind, payload, ahead)
-    self.gathered = held + self.gathered
+    self.batcher.gathered = held + self.batcher.gathered
 
 
 #: name -> (what it breaks, the production function it replaces and its replacement)
