@@ -14,6 +14,7 @@ to files of the checkpoint, written before the state file that lists them.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 from .. import codec
@@ -28,6 +29,21 @@ from .clock import Clock
 from .increments import Increments
 from .task_options import TaskOptions
 from .writer import Job, SpillJob, Writer
+
+
+@dataclass(frozen=True)
+class Captured:
+    """What a task captured at its snapshot, held by its channel-state session until the
+    session completes and its state file is written."""
+
+    encoding: snapshot_encoding.Encoding  #: the operators' states, encoded inline or by a forked child
+    alignment_ms: float
+    finished: bool  #: the task had sent end of stream when it snapshotted
+    sync_ms: float  #: the task thread's share: operators' snapshot() and the copy
+    base: int  #: incremental: the checkpoint the deltas apply to (-1: a full file)
+    deltas: list[str]  #: incremental: the operators written as deltas
+    known: int  #: incremental: the newest completion the task may build on (-1: it writes no deltas)
+    first_seen: float  #: wall time the checkpoint's first barrier (or trigger) reached the task
 
 
 class Snapshots:
@@ -70,7 +86,7 @@ class Snapshots:
         if self.barriers.aligning_since is not None:
             alignment_ms = (clock.perf_counter() - self.barriers.aligning_since) * 1000
             self.barriers.aligning_since = None
-        payload = (encoding, alignment_ms, finished, sync_ms, base, deltas, self.increments.known, seen)
+        payload = Captured(encoding, alignment_ms, finished, sync_ms, base, deltas, self.increments.known, seen)
         if not forward:
             # Stop-the-world: nothing is in flight (proven by counting), so no back-edge
             # has anything to log, and no barrier will come round to close a session.
@@ -172,15 +188,15 @@ class Snapshots:
         self.writer.wait_spills(limit)
 
     def write(self, s: Session) -> None:
-        encoding, alignment_ms, finished, sync_ms, base, deltas, known, seen = s.payload
+        c: Captured = s.payload
         # By channel id: the same state file whatever order the log's sets iterate in.
         logs = {ch: codec.join_arrays(frames) if frames else codec.pack([]) for ch, frames in sorted(s.logs.items())}
         task, cid, spilled = self.task_id, s.checkpoint_id, s.spilled
 
         def blob() -> bytes:  # on the writer thread, after the session's spills: waits for a forked encoder
-            return snapshot_file.encode(task, cid, encoding.result(), logs, finished, base, deltas,
-                                                   spilled)
+            return snapshot_file.encode(task, cid, c.encoding.result(), logs, c.finished, c.base, c.deltas,
+                                        spilled)
 
-        self.writer.submit(Job(s.checkpoint_id, self.state_file(), blob, alignment_ms, s.logged, finished, sync_ms,
-                               self.clock.perf_counter(), base, known, s.unaligned, s.logged_bytes,
-                               s.regular_logged, seen))
+        self.writer.submit(Job(s.checkpoint_id, self.state_file(), blob, c.alignment_ms, s.logged, c.finished,
+                               c.sync_ms, self.clock.perf_counter(), c.base, c.known, s.unaligned, s.logged_bytes,
+                               s.regular_logged, c.first_seen))
