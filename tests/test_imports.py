@@ -68,7 +68,8 @@ def layer(module: str) -> str:
         return "interface" if module == "operators.base" else "library"
     if len(parts) > 1 and parts[1] in ("checkpoint", "runtime", "executors", "monitor", "simulation"):
         return parts[1]
-    if module in ("abs_engine", "abs_engine.api", "abs_engine.compiler", "abs_engine.testing", "abs_engine.cli"):
+    if module in ("abs_engine", "abs_engine.api", "abs_engine.streams", "abs_engine.keyed", "abs_engine.windowed",
+                  "abs_engine.compiler", "abs_engine.testing", "abs_engine.cli"):
         return "api"
     return "core"
 

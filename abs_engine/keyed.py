@@ -1,0 +1,197 @@
+"""KeyedStream: a stream whose next operator is keyed, and the keyed operators
+(``count``, ``reduce``, ``aggregate``, ``aggregate_final``, ``fold_final``,
+``stateful_map``, ``apply_keyed``) and event-time ``window`` it offers. Each adds an
+operator on a hash-partitioned edge, whose state lives per key (operators/keyed.py,
+operators/aggregate.py).
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Callable, Generic, overload
+
+from operators.aggregate import Aggregate, AggregateFinal, FoldFinal, MergeFinal, PreAggregate, StatefulMap
+from operators.base import KeyFunction, Operator
+from operators.timers import KeyedTimedProcess
+from operators.windows import SessionWindows, SlidingWindows, TumblingWindows, Windows
+from operators.keyed import Count, CountFinal, Reduce, ReduceFinal
+
+from .errors import GraphError, GraphErrorReason
+from .graph import Partition
+from .streams import A, K, R, S, T, U, Stream, _fn_label, _on_error
+from .windowed import WindowedStream
+
+if TYPE_CHECKING:
+    from .api import Dataflow
+
+
+class KeyedStream(Stream[T], Generic[T, K]):
+    """A stream of ``T`` whose next operator is keyed by ``K``: its input is partitioned by
+    the key's key group. The keyed operators' state lives per key; it is checkpointed,
+    split by key group when the job is rescaled, and written incrementally when
+    ``incremental_checkpoints`` is on. Their outputs are ``(key, value)`` pairs."""
+
+    def __init__(self, flow: Dataflow, node: str, key_fn: Callable[[T], K] | None, key_on_error: str = "fail",
+                 key_name: str | None = None):
+        super().__init__(flow, node, Partition.HASH)
+        self.key_fn = key_fn
+        self.key_on_error = key_on_error  #: key_by's on_error: for the key function, on the edge and in the operator
+        self._key_name = key_name  #: how a key failure names the key function (None: its name)
+
+    def _key_label(self) -> str:
+        return self._key_name or (_fn_label(self.key_fn) if self.key_fn else "record")
+
+    def _keyed(self, op: Operator, base: str, name: str | None, parallelism: int | None,
+               key_label: str | None = None) -> Stream[Any]:
+        label = f"{base}(key={key_label or self._key_label()})"
+        # The edge's key function carries key_by's on_error (and a name) to the shuffle
+        # (runtime/output.py); the operator, which computes keys too, gets the on_error.
+        edge_key: Any = self.key_fn
+        if self.key_on_error != "fail" or self._key_name is not None:
+            edge_key = KeyFunction(self.key_fn, self.key_on_error, self._key_name)
+            op.key_on_error = self.key_on_error
+        return Stream(self.flow, self._then(op, base, label, name, parallelism, key_fn=edge_key, keyed=True))
+
+    def count(self, name: str | None = None, parallelism: int | None = None) -> Stream[tuple[K, int]]:
+        """Running count per key: ``(key, count so far)`` for every record."""
+        return self._keyed(Count(self.key_fn), "count", name, parallelism)
+
+    def count_final(self, name: str | None = None, parallelism: int | None = None) -> Stream[tuple[K, int]]:
+        """Count per key for bounded input: ``(key, count)`` once per key at the end."""
+        return self._keyed(CountFinal(self.key_fn), "count_final", name, parallelism)
+
+    def reduce(self, fn: Callable[[T, T], T], name: str | None = None, parallelism: int | None = None,
+               on_error: str = "fail") -> Stream[tuple[K, T]]:
+        """Running reduce per key: a key's first record is its accumulator, then ``acc =
+        fn(acc, record)``; emits ``(key, acc)`` for every record. ``fn`` combines two values
+        of the record's type; for an accumulator of another type use ``aggregate``. If
+        ``fn`` raises, the key's state is unchanged; on_error="fail" fails the task naming
+        the record, "skip" drops and reports it."""
+        return self._keyed(Reduce(fn, self.key_fn, _on_error(on_error)), "reduce", name, parallelism)
+
+    def reduce_final(
+        self, fn: Callable[[T, T], T], name: str | None = None, parallelism: int | None = None,
+        on_error: str = "fail",
+    ) -> Stream[tuple[K, T]]:
+        """``reduce`` for bounded input: ``(key, acc)`` once per key at the end."""
+        return self._keyed(ReduceFinal(fn, self.key_fn, _on_error(on_error)), "reduce_final", name, parallelism)
+
+    @overload
+    def aggregate(self, create: Callable[[], A], add: Callable[[A, T], A], result: None = None,
+                  name: str | None = None, parallelism: int | None = None,
+                  on_error: str = "fail") -> Stream[tuple[K, A]]: ...
+
+    @overload
+    def aggregate(self, create: Callable[[], A], add: Callable[[A, T], A], result: Callable[[A], R],
+                  name: str | None = None, parallelism: int | None = None,
+                  on_error: str = "fail") -> Stream[tuple[K, R]]: ...
+
+    def aggregate(self, create: Callable[[], A], add: Callable[[A, T], A],
+                  result: Callable[[A], Any] | None = None, name: str | None = None,
+                  parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, Any]]:
+        """Running aggregate per key (Flink's AggregateFunction): ``acc = add(acc, record)``
+        from ``create()``; emits ``(key, result(acc))`` (or ``(key, acc)``) for every record.
+        E.g. a running mean: ``aggregate(lambda: (0, 0), lambda a, r: (a[0] + 1, a[1] + r[1]),
+        lambda a: a[1] / a[0])``. If a function raises, the key's accumulator is unchanged
+        and ``on_error`` applies (as in ``reduce``). Accumulators must be msgpack-encodable
+        (docs/dataflows.md, "Records between processes"). A running aggregate emits for every record, so it takes no
+        ``merge``: pre-aggregation would change its output (``aggregate_final`` takes one)."""
+        return self._keyed(Aggregate(create, add, result, self.key_fn, _on_error(on_error)), "aggregate", name,
+                           parallelism)
+
+    @overload
+    def aggregate_final(self, create: Callable[[], A], add: Callable[[A, T], A], result: None = None,
+                        merge: Callable[[A, A], A] | None = None, name: str | None = None,
+                        parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, A]]: ...
+
+    @overload
+    def aggregate_final(self, create: Callable[[], A], add: Callable[[A, T], A], result: Callable[[A], R],
+                        merge: Callable[[A, A], A] | None = None, name: str | None = None,
+                        parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, R]]: ...
+
+    def aggregate_final(self, create: Callable[[], A], add: Callable[[A, T], A],
+                        result: Callable[[A], Any] | None = None, merge: Callable[[A, A], A] | None = None,
+                        name: str | None = None, parallelism: int | None = None,
+                        on_error: str = "fail") -> Stream[tuple[K, Any]]:
+        """``aggregate`` for bounded input: ``(key, result(acc))`` once per key at the end.
+
+        With ``merge(acc1, acc2)`` the records are pre-aggregated before the shuffle: the
+        upstream task folds each batch into one partial accumulator per key and only the
+        partials cross to the keyed task, which merges them. Fewer, smaller records travel
+        (a count over few keys sends one pair per key per batch). ``merge`` must make the
+        same accumulator as adding both parts' records to one (associative, as Flink's
+        AggregateFunction.merge); it sees partials as they arrive from another process (a
+        list as a tuple). The pre-aggregation step is named ``<name>_pre`` and keeps no state."""
+        if merge is None:
+            return self._keyed(AggregateFinal(create, add, result, self.key_fn, _on_error(on_error)),
+                               "aggregate_final", name, parallelism)
+        upstream = self.flow.graph.nodes[self.node]
+        pre_op = PreAggregate(create, add, self.key_fn, _on_error(on_error))
+        pre_op.key_on_error = self.key_on_error  # the key is computed here, before the shuffle
+        pre = Stream(self.flow, self.node, Partition.FORWARD)._then(
+            pre_op, "pre_aggregate",
+            f"pre_aggregate(key={self._key_label()})",
+            None if name is None else f"{name}_pre", upstream.parallelism)
+        partials: KeyedStream[tuple[Any, A], Any] = KeyedStream(self.flow, pre, itemgetter(0))
+        return partials._keyed(MergeFinal(merge, result, _on_error(on_error)), "aggregate_final", name,
+                               parallelism, key_label=f"{self._key_label()}, merge={_fn_label(merge)}")
+
+    def fold_final(self, create: Callable[[], A], fold: Callable[[A, T], A], name: str | None = None,
+                   parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, A]]:
+        """Fold per key for bounded input (Bytewax's ``fold_final``): ``acc = fold(acc,
+        record)`` from ``create()``; ``(key, acc)`` once per key at the end."""
+        return self._keyed(FoldFinal(create, fold, self.key_fn, _on_error(on_error)), "fold_final", name,
+                           parallelism)
+
+    def stateful_map(self, fn: Callable[[S | None, T], tuple[S | None, U]], name: str | None = None,
+                     parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, U]]:
+        """Per key (Bytewax's ``stateful_map``): ``state, out = fn(state, record)``, ``state``
+        None for a key's first record; emits ``(key, out)``; returning state None drops it.
+        The state must be msgpack-encodable (after a restore a tuple comes back as a list)."""
+        return self._keyed(StatefulMap(fn, self.key_fn, _on_error(on_error)), "stateful_map", name, parallelism)
+
+    def apply_keyed(self, op: Operator, name: str | None = None, parallelism: int | None = None,
+                    timestamp: Callable[[T], Any] | None = None, on_error: str | None = None) -> Stream[Any]:
+        """A user-defined keyed operator; it must key its state by the same key. A
+        ``KeyedProcess`` (operators/keyed_process.py) gets this stream's key function and
+        runtime-owned per-key state (snapshotted, rescaled by key group, incremental). A
+        ``KeyedTimedProcess`` (operators/timers.py) also gets timers, and ``timestamp`` (a
+        function of the record) for ``ctx.timestamp``. ``on_error`` ("fail" or "skip"; None:
+        the operator's own, "fail" unless it sets one) applies to ``timestamp``,
+        ``process_key`` and ``on_timer``: skipped, a record's outputs are dropped and the
+        key's value is put back as it was (operators/keyed_process.py says what cannot be)."""
+        from operators.keyed_process import KeyedProcess
+
+        if on_error is not None:
+            op.on_error = _on_error(on_error)
+
+        if isinstance(op, (KeyedProcess, KeyedTimedProcess)) and op.key_fn is None:
+            op.key_fn = self.key_fn
+        if timestamp is not None:
+            if not isinstance(op, KeyedTimedProcess):
+                raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                                 "apply_keyed(timestamp=...) is for a KeyedTimedProcess (operators/timers.py)")
+            op.timestamp_fn = timestamp
+        return self._keyed(op, "keyed", name, parallelism)
+
+    def window(self, windows: Windows, timestamp: Callable[[T], Any],
+               allowed_lateness: Any = 0) -> "WindowedStream[T, K]":
+        """Event-time windows per key (operators/windows.py): ``windows`` is a
+        TumblingWindows, SlidingWindows or SessionWindows; ``timestamp(record)`` the
+        record's event time; a window is kept ``allowed_lateness`` after it fires (records
+        then fire it again), after which its records go to ``.late``. Then ``reduce``,
+        ``aggregate`` or ``process``."""
+        if not isinstance(windows, (TumblingWindows, SlidingWindows, SessionWindows)):
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                             f"window() takes TumblingWindows, SlidingWindows or SessionWindows, got "
+                             f"{type(windows).__name__}")
+        if not callable(timestamp):
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT, "window(): timestamp must be a function of the record")
+        if not isinstance(allowed_lateness, int) or isinstance(allowed_lateness, bool) or allowed_lateness < 0:
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                             f"window(): allowed_lateness must be an int >= 0 in timestamp units (milliseconds by "
+                             f"convention), got {allowed_lateness!r}")
+        return WindowedStream(self, windows, timestamp, allowed_lateness)
+
+
+Stream._keyed_stream = KeyedStream  # what Stream.key_by makes (streams.py cannot import this module)

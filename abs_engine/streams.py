@@ -1,0 +1,210 @@
+"""Streams: ``Stream``, the records one operator produces, whose methods add the next
+operator (``map``, ``flat_map``, ``filter``, ``key_by``, ``union``, ``interval_join``,
+``sink``...), and ``Feedback``, the head of a loop. The type variables of the user API
+and the checks its modules share live here too.
+
+The API's modules import each other in one order: ``api`` (Dataflow) -> ``keyed``
+(KeyedStream) -> ``windowed`` (WindowedStream, WindowResults) -> ``streams``. A stream
+holds its Dataflow, and ``Stream.key_by`` makes a KeyedStream: annotations only here
+(under TYPE_CHECKING), and the KeyedStream class is handed over by keyed.py
+(``Stream._keyed_stream``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterable, TypeVar, overload
+
+from operators.base import Operator, Sink
+from operators.basic import Filter, FlatMap, Identity, Map
+from operators.joins import IntervalJoin
+
+from .errors import GraphError, GraphErrorReason
+from .outputs import conflicting
+from .graph import Edge, Node, NodeKind, Partition
+
+if TYPE_CHECKING:
+    from .api import Dataflow
+    from .keyed import KeyedStream
+
+# The types a stream's records have *in the dataflow's code*. What crosses a process is
+# encoded with msgpack (docs/dataflows.md, "Records between processes"): a list arrives as a tuple, a set or a custom class
+# is refused. The types are a promise to mypy only; nothing checks them at run time.
+T = TypeVar("T")  #: a stream's records
+U = TypeVar("U")  #: the records of the stream a function makes
+K = TypeVar("K")  #: a keyed stream's keys
+A = TypeVar("A")  #: an accumulator
+R = TypeVar("R")  #: what an accumulator's ``result`` makes
+S = TypeVar("S")  #: the per-key state of ``stateful_map``
+
+
+def _on_error(on_error: str) -> str:
+    if on_error not in ("fail", "skip"):
+        raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                         f"on_error must be 'fail' or 'skip', got {on_error!r}")
+    return on_error
+
+
+def _fn_label(fn: Any) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _tag_left(record: Any) -> tuple[int, Any]:
+    return (0, record)
+
+
+def _tag_right(record: Any) -> tuple[int, Any]:
+    return (1, record)
+
+
+class Stream(Generic[T]):
+    """A stream of records of type ``T`` produced by one operator. Its methods add the next
+    operator and return the stream it produces; ``name`` names that operator (unique in the
+    dataflow, the key of its state in checkpoints) and ``parallelism`` sets its subtasks."""
+
+    #: The class ``key_by`` makes. A KeyedStream is a Stream, so this module cannot import
+    #: keyed.py (the two would import each other); keyed.py sets it where it defines the
+    #: class, and the package imports keyed.py (through api.py) before any stream exists.
+    _keyed_stream: ClassVar[type[KeyedStream[Any, Any]]]
+
+    def __init__(self, flow: Dataflow, node: str, partition: Partition | None = None):
+        self.flow = flow
+        self.node = node
+        self._partition = partition
+
+    def _then(
+        self,
+        op: Operator,
+        base: str,
+        label: str,
+        name: str | None,
+        parallelism: int | None,
+        key_fn: Callable[[Any], Any] | None = None,
+        keyed: bool = False,
+        kind: NodeKind = NodeKind.OPERATOR,
+    ) -> str:
+        n = self.flow._name(name, base)
+        self.flow._add(Node(n, kind, op, label, parallelism, key_fn=key_fn, keyed=keyed))
+        self.flow.graph.edges.append(Edge(self.node, n, self._partition))
+        return n
+
+    def map(self, fn: Callable[[T], U], name: str | None = None, parallelism: int | None = None,
+            on_error: str = "fail") -> "Stream[U]":
+        """``fn(record)`` for every record. on_error="skip" drops (and reports) records on
+        which ``fn`` raises; the default fails the task, naming the record."""
+        return Stream(self.flow, self._then(Map(fn, _on_error(on_error)), "map", f"map({_fn_label(fn)})", name,
+                                            parallelism))
+
+    def flat_map(
+        self, fn: Callable[[T], Iterable[U]], name: str | None = None, parallelism: int | None = None,
+        on_error: str = "fail",
+    ) -> "Stream[U]":
+        """Every record ``fn(record)`` yields; on_error as in map()."""
+        return Stream(self.flow, self._then(FlatMap(fn, _on_error(on_error)), "flat_map", f"flat_map({_fn_label(fn)})",
+                                            name, parallelism))
+
+    def filter(self, fn: Callable[[T], bool], name: str | None = None, parallelism: int | None = None,
+               on_error: str = "fail") -> "Stream[T]":
+        """The records for which ``fn(record)`` is true; on_error as in map()."""
+        return Stream(self.flow, self._then(Filter(fn, _on_error(on_error)), "filter", f"filter({_fn_label(fn)})",
+                                            name, parallelism))
+
+    def apply(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> "Stream[Any]":
+        """Any user-defined Operator subclass (operators/base.py: batches in, records out)."""
+        return Stream(self.flow, self._then(op, "apply", type(op).__name__, name, parallelism))
+
+    @overload
+    def key_by(self, key: None = None, on_error: str = "fail") -> "KeyedStream[T, T]": ...
+
+    @overload
+    def key_by(self, key: Callable[[T], K], on_error: str = "fail") -> "KeyedStream[T, K]": ...
+
+    def key_by(self, key: Callable[[T], Any] | None = None, on_error: str = "fail") -> "KeyedStream[T, Any]":
+        """Partition by ``key(record)`` (the record itself when key is None): the next
+        operator is keyed, and every record of one key goes to the same subtask. A key must
+        be msgpack-encodable and hash the same in every process (str, int, bytes, tuples of
+        them...); its key group (``max_parallelism``) decides its subtask. A record ``key``
+        raises on fails the task naming ``key_by`` and the record (on_error="fail"), or is
+        dropped and reported ("skip"), wherever the key is computed (before the shuffle, or
+        in the keyed operator); before the shuffle, so is a record whose key is unhashable."""
+        return self._keyed_stream(self.flow, self.node, key, _on_error(on_error))
+
+    def rebalance(self) -> "Stream[T]":
+        """Send this stream's batches round robin to the next operator's subtasks."""
+        return Stream(self.flow, self.node, Partition.REBALANCE)
+
+    def forward(self) -> "Stream[T]":
+        """Send subtask i's records to the next operator's subtask i (equal parallelism)."""
+        return Stream(self.flow, self.node, Partition.FORWARD)
+
+    def union(self, *others: "Stream[T]", name: str | None = None,
+              parallelism: int | None = None) -> "Stream[T]":
+        """The records of this stream and ``others``, interleaved (FIFO per channel)."""
+        for o in others:
+            if o.flow is not self.flow:
+                raise GraphError(GraphErrorReason.FOREIGN_STREAM, "union() of streams from different Dataflows")
+        n = self._then(Identity(), "union", "union", name, parallelism)
+        for o in others:
+            self.flow.graph.edges.append(Edge(o.node, n, o._partition))
+        return Stream(self.flow, n)
+
+    def interval_join(self, other: "Stream[U]", key: Callable[[T], Any], other_key: Callable[[U], Any],
+                      timestamp: Callable[[T], Any], other_timestamp: Callable[[U], Any], lower: Any, upper: Any,
+                      fn: Callable[[T, U], Any], name: str | None = None,
+                      parallelism: int | None = None, on_error: str = "fail") -> "Stream[Any]":
+        """Every pair of one key with ``ts + lower <= other_ts <= ts + upper``, as ``fn(record,
+        other_record)`` (operators/joins.py): an event-time join whose state is bounded by
+        the watermark. Records at or behind the watermark are late: reported, not joined.
+        ``on_error`` applies to all its functions (keys, timestamps, ``fn``): a record one
+        raises on fails the task naming it ("fail"), or is dropped and reported ("skip")."""
+        if other.flow is not self.flow:
+            raise GraphError(GraphErrorReason.FOREIGN_STREAM, "interval_join() of streams from different Dataflows")
+        for what, f in (("key", key), ("other_key", other_key), ("timestamp", timestamp),
+                        ("other_timestamp", other_timestamp), ("fn", fn)):
+            if not callable(f):
+                raise GraphError(GraphErrorReason.BAD_ARGUMENT, f"interval_join(): {what} must be a function")
+        if not lower <= upper:
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                             f"interval_join(): lower ({lower!r}) must be at most upper ({upper!r})")
+        _on_error(on_error)
+        base = name or self.flow._name(None, "interval_join")
+        left = self.map(_tag_left, name=f"{base}_left")
+        right = other.map(_tag_right, name=f"{base}_right")
+        op = IntervalJoin(lower, upper, fn, (key, other_key), (timestamp, other_timestamp), on_error)
+        tagged = left.union(right, name=f"{base}_inputs")
+        key_label = f"{_fn_label(key)}, {_fn_label(other_key)}"
+        keyed = self._keyed_stream(self.flow, tagged.node, op._key, on_error, key_label)
+        return keyed._keyed(op, "interval_join", base, parallelism)
+
+    def sink(self, sink: Sink, name: str | None = None, parallelism: int | None = None) -> None:
+        """End the stream in ``sink`` (FileSink, CapturingSink, ParquetSink...). Sinks that
+        publish on checkpoint completion (two-phase commit) give exactly-once output."""
+        if not isinstance(sink, Sink):
+            raise GraphError(
+                GraphErrorReason.BAD_ARGUMENT, f"Stream.sink() takes an operators.Sink, got {type(sink).__name__}"
+            )
+        existing = {n.name: n.template.outputs() for n in self.flow.graph.nodes.values()
+                    if n.kind is NodeKind.SINK and isinstance(n.template, Sink)}
+        clash = conflicting(sink.outputs(), existing)
+        if clash is not None:
+            other, theirs, ours = clash
+            shown = f"{ours!r}" if theirs == ours else f"{ours!r} (their output {theirs!r})"
+            this = f"the new {type(sink).__name__}" if name is None else f"sink {name!r}"
+            raise GraphError(GraphErrorReason.SHARED_OUTPUT,
+                             f"{this} would write {shown}, which sink {other!r} "
+                             "already writes: two sinks on one output would truncate or roll back each other's "
+                             "records; give each sink its own file or directory (or union the streams into one "
+                             "sink)", other)
+        self._then(sink, "sink", type(sink).__name__, name, parallelism, kind=NodeKind.SINK)
+
+
+class Feedback(Stream[T]):
+    """The head of a loop: records sent to ``connect(stream)`` come back here, on a
+    back-edge (records in flight on it at a checkpoint are logged into the snapshot)."""
+
+    def connect(self, stream: Stream[T]) -> None:
+        """Close the loop: ``stream``'s records flow back to this feedback (once only)."""
+        node = self.flow.graph.nodes[self.node]
+        if node.connected:
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT, f"feedback {self.node!r} is already connected", self.node)
+        node.connected = True
+        self.flow.graph.edges.append(Edge(stream.node, self.node, stream._partition))

@@ -1,0 +1,86 @@
+"""Event-time windows per key: ``WindowedStream`` (``KeyedStream.window``), finished by
+``reduce``, ``aggregate`` or ``process`` into ``WindowResults``, the stream of the
+windows' results with its ``late`` side output (operators/windows.py runs them).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable
+
+from operators.basic import Identity
+from operators.windows import AGGREGATE, PROCESS, REDUCE, SessionWindows, WindowOperator, Windows
+
+from .errors import GraphError, GraphErrorReason
+from .graph import Edge, Node, NodeKind, Partition
+from .streams import A, K, T, U, Stream, _on_error
+
+if TYPE_CHECKING:
+    from .api import Dataflow
+    from .keyed import KeyedStream
+
+
+class WindowedStream(Generic[T, K]):
+    """A keyed stream cut into event-time windows: finish it with ``reduce``, ``aggregate``
+    or ``process``; each returns a ``WindowResults`` stream (with its ``.late`` records).
+    Their ``on_error`` applies to every function of the window (the timestamp function
+    too): a record one raises on fails the task naming it ("fail"), or is dropped and
+    reported with its key's windows unchanged ("skip"); a window whose ``result`` or
+    ``process`` raises when it fires is named as ``(key, start, end)`` (skipped: no output
+    for it)."""
+
+    def __init__(self, keyed: KeyedStream[T, K], windows: Windows, timestamp: Callable[[T], Any],
+                 allowed_lateness: Any):
+        self.keyed, self.windows, self.timestamp, self.allowed_lateness = keyed, windows, timestamp, allowed_lateness
+
+    def _op(self, kind: str, fn: Callable[..., Any], name: str | None, parallelism: int | None, on_error: str,
+            **kw: Any) -> "WindowResults[Any]":
+        op = WindowOperator(self.windows, self.timestamp, kind, fn, self.keyed.key_fn, self.allowed_lateness, **kw,
+                            on_error=_on_error(on_error))
+        w = self.windows
+        label = type(w).__name__.replace("Windows", "").lower()
+        s = self.keyed._keyed(op, f"window_{kind}", name, parallelism, key_label=f"{self.keyed._key_label()}, {label}")
+        return WindowResults(s.flow, s.node, op)
+
+    def reduce(self, fn: Callable[[T, T], T], name: str | None = None,
+               parallelism: int | None = None, on_error: str = "fail") -> "WindowResults[tuple[K, Any, Any, T]]":
+        """Per key and window, ``fn(acc, record)`` from the window's first record: ``(key,
+        start, end, acc)`` when the window fires."""
+        return self._op(REDUCE, fn, name, parallelism, on_error)
+
+    def aggregate(self, create: Callable[[], A], add: Callable[[A, T], A], result: Callable[[A], Any] | None = None,
+                  merge: Callable[[A, A], A] | None = None, name: str | None = None,
+                  parallelism: int | None = None, on_error: str = "fail") -> "WindowResults[tuple[K, Any, Any, Any]]":
+        """Per key and window, ``acc = add(acc, record)`` from ``create()``: ``(key, start,
+        end, result(acc))`` (or ``acc``) when it fires. Session windows merge accumulators:
+        they need ``merge(acc1, acc2)``."""
+        if isinstance(self.windows, SessionWindows) and merge is None:
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                             "aggregate() over SessionWindows needs merge=(acc1, acc2) -> acc: sessions merge")
+        return self._op(AGGREGATE, add, name, parallelism, on_error, create=create, result=result, merge=merge)
+
+    def process(self, fn: Callable[[K, Any, Any, list[T]], Iterable[U] | None], name: str | None = None,
+                parallelism: int | None = None, on_error: str = "fail") -> "WindowResults[U]":
+        """Per key and window, ``fn(key, start, end, records)`` when it fires: the records it
+        returns (the window keeps its records until then)."""
+        return self._op(PROCESS, fn, name, parallelism, on_error)
+
+
+class WindowResults(Stream[T]):
+    """A window operator's results; ``late`` is the stream of its late records."""
+
+    def __init__(self, flow: Dataflow, node: str, op: WindowOperator):
+        super().__init__(flow, node)
+        self._op = op
+        self._late: Stream[Any] | None = None
+
+    @property
+    def late(self) -> Stream[Any]:
+        """The records that came after every window they belong to was purged (a side
+        output). Without it they are dropped and reported as skipped records."""
+        if self._late is None:
+            self._op.late_stream = True
+            n = self.flow._name(None, f"{self.node}_late")
+            self.flow._add(Node(n, NodeKind.OPERATOR, Identity(), "late", self.flow.graph.nodes[self.node].parallelism))
+            self.flow.graph.edges.append(Edge(self.node, n, Partition.FORWARD, side=True))
+            self._late = Stream(self.flow, n)
+        return self._late
