@@ -47,189 +47,26 @@ User functions that raise (operators/base.py, ``Guarded``; ``on_error`` of ``red
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from .base import check_on_error, function_label, raised_in
-from .timers import EVENT, TimedOperator
+from .window_assigners import SessionWindows, SlidingWindows, TumblingWindows, Windows, check_windows
+from .window_base import _CREATED, AGGREGATE, PROCESS, REDUCE, LateRecord
+from .window_panes import PaneWindows
+from .window_sessions import SessionMerging
 
-REDUCE, AGGREGATE, PROCESS = "reduce", "aggregate", "process"
-_CREATED = object()  #: in a record's undo list: the window did not exist before it
-
-
-class LateRecord(Exception):
-    """A record came after every window it belongs to was purged (its job takes no ``.late``
-    stream): reported as a skipped record."""
+#: The window operator and what its users give it or get from it (the assigners, the kinds,
+#: LateRecord): they import them from here, wherever they are defined.
+__all__ = ["AGGREGATE", "PROCESS", "REDUCE", "LateRecord", "SessionWindows", "SlidingWindows", "TumblingWindows",
+           "WindowOperator", "Windows", "check_windows"]
 
 
-@dataclass(frozen=True)
-class TumblingWindows:
-    size: int
-    offset: int = 0
-
-    def __post_init__(self) -> None:
-        _whole("size", self.size)
-        _whole("offset", self.offset, least=None)
-
-    def assign(self, ts: Any) -> list[tuple[Any, Any]]:
-        start = ts - (ts - self.offset) % self.size
-        return [(start, start + self.size)]
-
-
-@dataclass(frozen=True)
-class SlidingWindows:
-    size: int
-    slide: int
-    offset: int = 0
-
-    def __post_init__(self) -> None:
-        _whole("size", self.size)
-        _whole("slide", self.slide)
-        _whole("offset", self.offset, least=None)
-        if self.slide > self.size:
-            raise ValueError(f"slide ({self.slide}) must be at most size ({self.size}): a record would fall in no "
-                             "window between them")
-
-    def assign(self, ts: Any) -> list[tuple[Any, Any]]:
-        last = ts - (ts - self.offset) % self.slide
-        out = []
-        start = last
-        while start > ts - self.size:
-            out.append((start, start + self.size))
-            start -= self.slide
-        return out
-
-
-@dataclass(frozen=True)
-class SessionWindows:
-    gap: int
-
-    def __post_init__(self) -> None:
-        _whole("gap", self.gap)
-
-    def assign(self, ts: Any) -> list[tuple[Any, Any]]:
-        return [(ts, ts + self.gap)]
-
-
-Windows = TumblingWindows | SlidingWindows | SessionWindows
-
-
-def _whole(name: str, v: Any, least: int | None = 1) -> None:
-    """Window parameters are whole numbers of timestamp units (milliseconds by convention):
-    then every window bound is exact even for fractional timestamps (a multiple of an
-    integer, or a timestamp plus one), and a timer finds its window again by arithmetic."""
-    if not isinstance(v, int) or isinstance(v, bool) or (least is not None and v < least):
-        raise ValueError(f"window {name} must be an int{'' if least is None else f' >= {least}'} in timestamp units "
-                         f"(milliseconds by convention), got {v!r}: give timestamps in a unit that makes it whole")
-
-
-class WindowOperator(TimedOperator):
+class WindowOperator(SessionMerging, PaneWindows):
     """Windows of one key function (see the module docstring). ``kind`` is REDUCE
     (``fn(acc, record)``), AGGREGATE (``create``, ``add``, ``result``, ``merge``) or PROCESS
-    (``fn(key, start, end, records)``)."""
-
-    def __init__(self, windows: Windows, timestamp: Callable[[Any], Any], kind: str, fn: Callable[..., Any],
-                 key_fn: Callable[[Any], Any] | None = None, allowed_lateness: int = 0,
-                 create: Callable[[], Any] | None = None, result: Callable[[Any], Any] | None = None,
-                 merge: Callable[[Any, Any], Any] | None = None, on_error: str = "fail"):
-        self.windows = windows
-        self.timestamp = timestamp
-        self.kind = kind
-        self.fn = fn
-        self.key_fn = key_fn
-        _whole("allowed_lateness", allowed_lateness, least=0)
-        self.allowed_lateness = allowed_lateness
-        self.create, self.result, self.merge = create, result, merge
-        self.sessions = isinstance(windows, SessionWindows)
-        #: Sliding windows of an aggregate that merges are kept as panes (slices of one slide):
-        #: a record updates one pane, not size/slide windows; a window's result merges its
-        #: panes when it fires. The state is then key -> pane start -> [start, end, acc].
-        self.panes = (isinstance(windows, SlidingWindows) and kind == AGGREGATE and merge is not None
-                      and windows.size % windows.slide == 0)
-        self.late_stream = False  #: the dataflow takes ``.late``: late records go to the side output
-        #: key -> start -> its window [start, end, acc] (a session's start moves when it merges)
-        self.state: dict[Any, dict[Any, list[Any]]] = {}
-        #: Sessions only: key -> (its sessions' starts in order, fire time -> start, purge time
-        #: -> start; one map when there is no lateness). A key's sessions never touch
-        #: (touching ones merge), so in start order their ends are in order too. The times
-        #: are keyed exactly as their timers were registered (a session's start is a
-        #: timestamp, so its bounds may be fractional: arithmetic could miss them).
-        self.sessions_of: dict[Any, tuple[list[Any], dict[Any, Any], dict[Any, Any]]] = {}
-        self.side: list[Any] = []
-        self.skipped: list[tuple[Any, BaseException]] = []
-        self.on_error = check_on_error(on_error)
-
-    @property
-    def reports_skipped(self) -> bool:
-        return True  # late records without a late stream are reported as skipped, whatever on_error says
-
-    # -- failures -------------------------------------------------------------------------
-
-    def _label(self, role: str) -> str:
-        fn = self.key_fn if role == "key" else self.timestamp
-        return function_label(role, fn)
-
-    def _function_of(self, e: BaseException) -> str:
-        """Which of the window's functions raised ``e`` (the one whose frame is in its
-        traceback; else the main one: reduce, add or process)."""
-        main = {REDUCE: "reduce", AGGREGATE: "add", PROCESS: "process"}[self.kind]
-        fns = [(main, self.fn), ("create", self.create), ("merge", self.merge), ("result", self.result)]
-        for role, fn in fns:
-            if fn is not None and raised_in(e, fn):
-                return function_label(role, fn)
-        return function_label(main, self.fn)
-
-    # -- records --------------------------------------------------------------------------
-
-    def _updated(self, acc: Any, record: Any, fresh: bool) -> Any:
-        """A window's accumulator with ``record`` added, ``acc`` itself left as it is (for a
-        process function None: the record is appended when the change is committed)."""
-        if self.kind == REDUCE:
-            return record if fresh else self.fn(acc, record)
-        if self.kind == AGGREGATE:
-            return self.fn(self.create() if fresh else acc, record)  # type: ignore[misc]
-        return None
-
-    def _with(self, acc: Any, new: Any, record: Any) -> Any:
-        """The accumulator a window that fires again with ``record`` fires with."""
-        if self.kind == PROCESS:
-            return (list(acc) if acc is not None else []) + [record]
-        return new
-
-    def _put_back(self, wins: dict[Any, list[Any]], latest: Any, olds: list[Any]) -> None:
-        """Undo a record's changes to sliding windows: ``olds[i]`` is what the window
-        starting at ``latest - i * slide`` held (``_CREATED``: it did not exist; for a
-        process function, how many records it had)."""
-        slide = self.windows.slide  # type: ignore[union-attr]
-        for i, old in enumerate(olds):
-            start = latest - i * slide
-            if old is _CREATED:
-                del wins[start]
-            elif self.kind == PROCESS:
-                del wins[start][2][old:]
-            else:
-                wins[start][2] = old
-
-    def _committed(self, acc: Any, new: Any, record: Any) -> Any:
-        """The accumulator to store: ``new``, or a process function's records with ``record``."""
-        if self.kind != PROCESS:
-            return new
-        if acc is None:
-            return [record]
-        acc.append(record)
-        return acc
-
-
-    def _merged(self, a: Any, b: Any) -> Any:
-        if self.kind == REDUCE:
-            return self.fn(a, b)
-        if self.kind == AGGREGATE:
-            return self.merge(a, b)  # type: ignore[misc]
-        return a + b
-
-    def _is_late(self, end: Any) -> bool:
-        return bool(end - 1 + self.allowed_lateness <= self.watermark)
+    (``fn(key, start, end, records)``). What every kind of window shares is in
+    ``WindowBase`` (``operators/window_base.py``), sessions' merging in ``SessionMerging``,
+    panes in ``PaneWindows``; here: a batch of records, sliding windows' undo, firing, and
+    restoring."""
 
     def process(self, batch: list[Any]) -> list[Any]:
         if self.panes:
@@ -341,183 +178,21 @@ class WindowOperator(TimedOperator):
                 self._late(record, ts)
         return out
 
-    def _timers_for(self, key: Any, end: Any, fired_upto: Any) -> None:
-        """A new window [.., end): it fires at end - 1 (unless that is past: then it fires
-        at once, and never again by a timer) and is purged at end - 1 + lateness."""
-        if end > fired_upto:
-            self.timers.register(EVENT, key, end - 1)
-        if self.allowed_lateness:
-            self.timers.register(EVENT, key, end - 1 + self.allowed_lateness)
-
-    def _process_panes(self, batch: list[Any]) -> list[Any]:
-        out: list[Any] = []
-        key_fn, ts_fn, state, add, create = self.key_fn, self.timestamp, self.state, self.fn, self.create
-        assert create is not None
-        w: SlidingWindows = self.windows  # type: ignore[assignment]
-        size, slide, offset = w.size, w.slide, w.offset
-        fired_upto = self.watermark + 1
-        keep_after = fired_upto - self.allowed_lateness
-        for record in batch:
-            try:
-                ts = ts_fn(record)
-                ps = ts - (ts - offset) % slide
-            except Exception as e:
-                self.record_failed(record, self._label("timestamp"), e)
-                continue
-            if ps + size <= keep_after:  # every window of its pane is purged
-                self._late(record, ts)
-                continue
-            if key_fn is None:
-                key = record
+    def _put_back(self, wins: dict[Any, list[Any]], latest: Any, olds: list[Any]) -> None:
+        """Undo a record's changes to sliding windows: ``olds[i]`` is what the window
+        starting at ``latest - i * slide`` held (``_CREATED``: it did not exist; for a
+        process function, how many records it had)."""
+        slide = self.windows.slide  # type: ignore[union-attr]
+        for i, old in enumerate(olds):
+            start = latest - i * slide
+            if old is _CREATED:
+                del wins[start]
+            elif self.kind == PROCESS:
+                del wins[start][2][old:]
             else:
-                try:
-                    key = key_fn(record)
-                except Exception as e:
-                    self.record_failed(record, self._label("key"), e, self.key_on_error)
-                    continue
-            wins = state.get(key)
-            if wins is None:
-                wins = state[key] = {}
-            pane = wins.get(ps)
-            # The pane's new accumulator is stored only once computed (a function that
-            # raises changes nothing); ``old`` puts it back if a window fires again and fails.
-            if pane is not None:
-                old = pane[2]
-                try:
-                    pane[2] = add(old, record)
-                except Exception as e:
-                    self.record_failed(record, self._function_of(e), e)  # skipped: nothing changed
-                    continue
-            else:
-                old = _CREATED
-                try:
-                    new = add(create(), record)
-                except Exception as e:
-                    if not wins:
-                        del state[key]
-                    self.record_failed(record, self._function_of(e), e)  # skipped: nothing changed
-                    continue
-                pane = wins[ps] = [ps, ps + slide, new]
-                end = ps + slide
-                while end <= ps + size:  # the ends of the windows it is part of
-                    if end > fired_upto:
-                        self.timers.register(EVENT, key, end - 1)
-                    end += slide
-                if self.allowed_lateness:  # purged with the last of them
-                    self.timers.register(EVENT, key, ps + size - 1 + self.allowed_lateness)
-            if ps + slide <= fired_upto:  # some of its windows fired and are kept: again, updated
-                n = len(out)
-                try:
-                    end = ps + size  # (latest first, as without panes)
-                    while end >= ps + slide:
-                        if keep_after < end <= fired_upto:
-                            out.extend(self._emit_panes(key, wins, end))
-                        end -= slide
-                except Exception as e:  # nothing of this record stays: its output, its pane's change
-                    del out[n:]
-                    if old is _CREATED:
-                        del wins[ps]  # (its timers stay: fire() finds no pane, or the same timers)
-                        if not wins:
-                            del state[key]
-                    else:
-                        pane[2] = old
-                    self.record_failed(record, self._function_of(e), e)
-        return out
-
-    def _emit_panes(self, key: Any, wins: dict[Any, list[Any]], end: Any) -> list[Any]:
-        """The window [end - size, end) from its panes, merged in start order into a fresh
-        accumulator (a merge may update its first argument; panes stay as they are)."""
-        size, slide = self.windows.size, self.windows.slide  # type: ignore[union-attr]
-        acc, found = self.create(), False  # type: ignore[misc]
-        ps = end - size
-        while ps < end:
-            pane = wins.get(ps)
-            if pane is not None:
-                acc, found = self.merge(acc, pane[2]), True  # type: ignore[misc]
-            ps += slide
-        return self._emit(key, [end - size, end, acc]) if found else []
-
-    def _add_to_session(self, key: Any, wins: dict[Any, list[Any]], ts: Any, record: Any, out: list[Any]) -> bool:
-        start, end = ts, ts + self.windows.gap  # type: ignore[union-attr]
-        starts = self.sessions_of[key][0] if key in self.sessions_of else []
-        # The sessions it touches: starting at or before its end, ending at or after its start
-        # (a few, found from the right in start order: however many the key has open).
-        touching: list[list[Any]] = []
-        i = bisect_right(starts, end)
-        while i > 0 and wins[starts[i - 1]][1] >= start:
-            i -= 1
-            touching.append(wins[starts[i]])
-        touching.reverse()  # merged in start order: the same in every run and after a restore
-        for w in touching:
-            start, end = min(start, w[0]), max(end, w[1])
-        if self._is_late(end):
-            return False
-        # The merged session's accumulator (and its output if it fired already) before any
-        # session is changed: a function that raises leaves the key's sessions as they were.
-        acc: Any = None
-        try:
-            for w in touching:
-                acc = w[2] if acc is None else self._merged(acc, w[2])
-            new = self._updated(acc, record, acc is None)
-            again = self._emit(key, [start, end, self._with(acc, new, record)]) if end - 1 <= self.watermark else None
-        except Exception as e:
-            self.record_failed(record, self._function_of(e), e)
-            return True  # skipped, not late
-        for w in touching:
-            self._drop_session(key, wins, w)
-        merged = wins[start] = [start, end, self._committed(acc, new, record)]
-        self._index_session(key, merged)
-        # The old windows' timers stay: a timer finds what is due when it fires (lazily).
-        self._timers_for(key, end, self.watermark + 1)
-        if again:
-            out.extend(again)
-        return True
-
-    def _index_session(self, key: Any, w: list[Any]) -> None:
-        """Session ``w`` of ``key`` into the key's index (made on its first session)."""
-        index = self.sessions_of.get(key)
-        if index is None:
-            fire_at: dict[Any, Any] = {}
-            index = self.sessions_of[key] = ([], fire_at, {} if self.allowed_lateness else fire_at)
-        starts, fire_at, purge_at = index
-        insort(starts, w[0])
-        fire_at[w[1] - 1] = w[0]
-        purge_at[w[1] - 1 + self.allowed_lateness] = w[0]
-
-    def _drop_session(self, key: Any, wins: dict[Any, list[Any]], w: list[Any]) -> None:
-        starts, fire_at, purge_at = self.sessions_of[key]
-        del wins[w[0]]
-        del starts[bisect_left(starts, w[0])]
-        fire_at.pop(w[1] - 1, None)
-        purge_at.pop(w[1] - 1 + self.allowed_lateness, None)
-
-    def _late(self, record: Any, ts: Any) -> None:
-        if self.late_stream:
-            self.side.append(record)
-        else:
-            self.skipped.append((record, LateRecord(
-                f"late record dropped: timestamp {ts} is behind the watermark {self.watermark} by more than the "
-                f"allowed lateness {self.allowed_lateness}; take the window's .late stream to keep such records")))
-
-    def take_side_output(self) -> list[Any]:
-        side, self.side = self.side, []
-        return side
+                wins[start][2] = old
 
     # -- firing -----------------------------------------------------------------------------
-
-    def _emit(self, key: Any, w: list[Any]) -> list[Any]:
-        """What window ``w`` of ``key`` emits (its functions may raise: the caller names
-        the record, or the window)."""
-        start, end, acc = w
-        if self.kind == PROCESS:
-            got = self.fn(key, start, end, list(acc))
-            return list(got) if got else []
-        return [(key, start, end, self.result(acc) if self.result is not None else acc)]
-
-    def _fire_failed(self, key: Any, start: Any, end: Any, e: Exception) -> None:
-        """Window [start, end) of ``key`` raised ``e`` as it fired: the window ``(key, start,
-        end)`` is the record (skipped: it emits nothing, and is purged as it would be)."""
-        self.record_failed((key, start, end), self._function_of(e), e)
 
     def fire(self, key: Any, timestamp: float, domain: int) -> list[Any]:
         """The key's window whose last timestamp is ``timestamp`` fires; the one whose
@@ -583,10 +258,3 @@ class WindowOperator(TimedOperator):
             for k, wins in self.state.items():
                 for w in wins.values():
                     self._index_session(k, w)
-
-
-def check_windows(windows: Any) -> Windows:
-    if not isinstance(windows, (TumblingWindows, SlidingWindows, SessionWindows)):
-        raise TypeError(f"windows must be TumblingWindows, SlidingWindows or SessionWindows, got "
-                        f"{type(windows).__name__}")
-    return windows
