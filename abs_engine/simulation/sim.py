@@ -2,9 +2,11 @@
 
 Each task is a ``runtime.task.Task`` (the class a worker runs) with its channels and
 control link in memory (runtime/memory.py), a ``ManualClock`` and an ``InlineWriter``
-into the simulated storage. The driver mirrors executors/master.py (_on_message, the
-failover in _attempts) around the real ``CheckpointCoordinator``; a restore goes through
-the production decoding and replay (checkpoint.snapshot_file.decode_snapshot, runtime/restore.py).
+into the simulated storage. The driver routes the tasks' messages to the real
+``CheckpointCoordinator`` with the engine's own routing (checkpoint/routing.py, as
+executors/attempt_driver.py does), and mirrors the failover of executors/master.py
+(_attempts); a restore goes through the production decoding and replay
+(checkpoint.snapshot_file.decode_snapshot, runtime/restore.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from .. import codec, messages
 from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.pending import AckOutcome
+from ..checkpoint.routing import route
 from ..checkpoint.snapshot_file import decode_snapshot
 from ..runtime import restore
 from ..runtime.chain import Chain
@@ -175,24 +178,22 @@ class Sim:
         self.note(f"crash {victim}")
         self.start_attempt()
 
-    # ---- the driver (executors/master.py _on_message) ----
+    # ---- the driver (executors/attempt_driver.py on_message) ----
     def on_driver_message(self, t: str, msg: messages.Message) -> None:
-        if isinstance(msg, messages.Ack):
-            self.stats["logged"] += msg.logged
-            self.stats["unaligned"] += msg.unaligned
-            outcome, meta = self.coord.on_ack(msg)
-            self.stats[outcome.value] += 1
-            if outcome in (AckOutcome.UNKNOWN, AckOutcome.DUPLICATE):
-                raise SimFailure(f"ack of {t} for checkpoint {msg.checkpoint_id} was {outcome.value}")
-            if meta is not None:
-                oracle.check_checkpoint(self, meta)
-                self.send(self.coord.notifications(meta))
-                if self.coord.just_drained:
-                    self.send(self.coord.end_loop_messages(self.coord.just_drained))
-        elif isinstance(msg, messages.Finished):
-            self.send(self.coord.on_finished(t))
-        elif isinstance(msg, messages.InputsEnded):
-            self.send(self.coord.on_inputs_ended(t))
+        """The coordinator's share routed as the engine's driver routes it (checkpoint/routing.py);
+        the simulation's own side: its statistics and the oracle's checks."""
+        routed = route(self.coord, msg)
+        if routed is not None:
+            if isinstance(msg, messages.Ack):
+                assert routed.outcome is not None
+                self.stats["logged"] += msg.logged
+                self.stats["unaligned"] += msg.unaligned
+                self.stats[routed.outcome.value] += 1
+                if routed.outcome in (AckOutcome.UNKNOWN, AckOutcome.DUPLICATE):
+                    raise SimFailure(f"ack of {t} for checkpoint {msg.checkpoint_id} was {routed.outcome.value}")
+            if routed.completed is not None:
+                oracle.check_checkpoint(self, routed.completed)
+            self.send(routed.out)
         elif isinstance(msg, messages.Committed):
             self.committed.add(t)
 
