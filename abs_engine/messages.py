@@ -35,7 +35,7 @@ class Deploy(Message):
     plan: dict[str, Any]  #: the plan as pure data (plan.Plan.to_dict())
     code: bytes  #: cloudpickled {operator id: operator factory}: user code, never data
     peers: dict[str, tuple[str, int]]  #: task id -> data address of its worker
-    restore: dict[str, Any] | None  #: {"checkpoint_id", "path", "size", "sha256"} or None
+    restore: dict[str, Any] | None  #: what the task restores (checkpoint/restore_spec.py: to_data), or None
     restore_final: bool  #: the restored checkpoint is the job's final one: commit and exit
     checkpoint_dir: str
     fence: str = ""  #: this attempt's fence token: sinks publish only while it is current

@@ -24,60 +24,52 @@ metadata's layout) is *rescaled*. Invariants of a rescale:
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import ids
 from ..errors import RescaleError, RescaleErrorReason
 from ..plan import Plan, operator_kind
+from .incremental import ChainRef
 from .metadata import Metadata
+from .restore_spec import FileRef, Inflight, Rescale, RestoreSpec, SamePlan
 
 _R = RescaleErrorReason
 
 
 def restore_specs(plan: Plan, meta: Metadata, root: str, max_parallelism: int,
-                  allow_non_restored_state: bool = False) -> dict[str, dict[str, Any]]:
-    """task id -> the ``restore`` a worker gets in its Deploy. With
+                  allow_non_restored_state: bool = False) -> dict[str, RestoreSpec]:
+    """task id -> what it restores (its Deploy carries ``restore_spec.to_data`` of it). With
     ``allow_non_restored_state``, a checkpoint of a changed dataflow restores operator by
     operator, by name: the state of operators the dataflow no longer has is dropped, added
     operators start empty, an operator whose kind changed is refused."""
     if meta.fingerprint == plan.fingerprint():
-        return {t.id: {"checkpoint_id": meta.checkpoint_id, "root": root, "file": meta.tasks[t.id].file,
-                       "size": meta.tasks[t.id].size, "sha256": meta.tasks[t.id].sha256,
-                       "chain": _chain(meta, t.id)} for t in plan.tasks}
+        return {t.id: SamePlan(meta.checkpoint_id, root, _file(meta, t.id), _chain(meta, t.id)) for t in plan.tasks}
     old_ops: dict[str, list[str]] = meta.layout["operators"]
     _check(plan, meta, old_ops, max_parallelism, allow_non_restored_state)
-    specs: dict[str, dict[str, Any]] = {}
+    specs: dict[str, RestoreSpec] = {}
     for task in plan.tasks:
         chain = plan.chain(task.chain)
-        operators: dict[str, list[str]] = {}
-        changed: list[str] = []
+        operators: dict[str, tuple[str, ...]] = {}
+        changed: set[str] = set()
         for op in chain.operators:
             if op not in old_ops:
                 continue  # added to the dataflow (allow_non_restored_state): starts empty
             olds = old_ops[op]
             if len(olds) == task.parallelism:
-                operators[op] = [olds[task.index]]
+                operators[op] = (olds[task.index],)
             else:
-                operators[op] = list(olds)
-                changed.append(op)
+                operators[op] = tuple(olds)
+                changed.add(op)
         inflight = _inflight(plan, task.index, task.parallelism, chain.operators, old_ops)
-        needed = sorted({t for ids in operators.values() for t in ids} | {t for f in inflight for t in f["from"]})
-        specs[task.id] = {
-            "checkpoint_id": meta.checkpoint_id, "root": root,
-            "rescale": {
-                "files": {t: [meta.tasks[t].file, meta.tasks[t].size, meta.tasks[t].sha256] for t in needed},
-                "chains": {t: _chain(meta, t) for t in needed if t in meta.chains},
-                "operators": operators,
-                "changed": changed,
-                "inflight": inflight,
-                "max_parallelism": max_parallelism,
-            },
-        }
+        needed = sorted({t for ids in operators.values() for t in ids} | {t for f in inflight for t in f.sources})
+        specs[task.id] = Rescale(
+            meta.checkpoint_id, root,
+            files={t: _file(meta, t) for t in needed},
+            chains={t: _chain(meta, t) for t in needed if t in meta.chains},
+            operators=operators, changed=frozenset(changed), inflight=inflight, max_parallelism=max_parallelism)
     return specs
 
 
 def _inflight(plan: Plan, index: int, parallelism: int, chain: tuple[str, ...],
-              old_ops: dict[str, list[str]]) -> list[dict[str, Any]]:
+              old_ops: dict[str, list[str]]) -> tuple[Inflight, ...]:
     """Where a new subtask's channel state comes from: per operator of its chain that headed
     old tasks (channel state is kept by the task whose head received it), the old tasks to
     read, whether their records must be re-routed (the operator's parallelism changed), and
@@ -90,14 +82,18 @@ def _inflight(plan: Plan, index: int, parallelism: int, chain: tuple[str, ...],
         if not olds:
             continue  # it headed no old task: nothing was in flight into it at the cut
         same = len(olds) == parallelism
-        out.append({"op": op, "from": [olds[index]] if same else olds, "route": not same,
-                    "keyed": plan.operator(op).keyed})
-    return out
+        out.append(Inflight(op, (olds[index],) if same else tuple(olds), not same, plan.operator(op).keyed))
+    return tuple(out)
 
 
-def _chain(meta: Metadata, task: str) -> list[list[Any]]:
-    """The incremental chain of a task's file, as data for a Deploy (checkpoint/incremental.py)."""
-    return [r.to_list() for r in meta.chains.get(task, [])]
+def _file(meta: Metadata, task: str) -> FileRef:
+    t = meta.tasks[task]
+    return FileRef(t.file, t.size, t.sha256)
+
+
+def _chain(meta: Metadata, task: str) -> tuple[ChainRef, ...]:
+    """The incremental chain of a task's file (checkpoint/incremental.py)."""
+    return tuple(meta.chains.get(task, []))
 
 
 def _check(plan: Plan, meta: Metadata, old_ops: dict[str, list[str]], max_parallelism: int,

@@ -2,7 +2,8 @@
 
 Every task gets the plan and the user's shipped code, the attempt's fence token, where
 checkpoints are written and the job's options for its runtime; a task of an attempt that
-restores a checkpoint also gets what it restores (checkpoint/rescale.py: its own file at
+restores a checkpoint also gets what it restores (checkpoint/rescale.py, typed by
+checkpoint/restore_spec.py: its own file at
 the same parallelism, the old subtasks' files rebuilt at another), and whether that
 checkpoint is the job's final one (then the task only commits it).
 """
@@ -10,6 +11,7 @@ checkpoint is the job's final one (then the task only commits it).
 from __future__ import annotations
 
 from .. import messages
+from ..checkpoint import restore_spec
 from ..checkpoint.metadata import Metadata
 from ..checkpoint.rescale import restore_specs
 from ..plan import Plan
@@ -22,8 +24,9 @@ def deployer(plan: Plan, code: bytes, cfg: JobConfig, *, meta: Metadata | None, 
     """The Deploy of each task of an attempt that restores ``meta`` (None: starts afresh)
     from ``restore_root``. What each task restores is worked out now: a checkpoint that
     cannot be restored into this plan fails here, before any worker starts."""
-    restores = {} if meta is None else restore_specs(plan, meta, restore_root, max_parallelism,
-                                                     cfg.allow_non_restored_state)
+    restores = {} if meta is None else {
+        t: restore_spec.to_data(s)
+        for t, s in restore_specs(plan, meta, restore_root, max_parallelism, cfg.allow_non_restored_state).items()}
     final = meta is not None and meta.final
 
     def deploy(task: str, peers: dict[str, tuple[str, int]]) -> messages.Deploy:

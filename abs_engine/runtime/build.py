@@ -18,11 +18,13 @@ from typing import Any, Callable
 from operators.base import OperatorContext
 
 from .. import codeship, messages
+from ..checkpoint import restore_spec
 from ..checkpoint.fence import Fence
 from ..errors import CheckpointError, FencedOut, RescaleError
 from ..plan import Plan, TaskSpec
 from . import restore
 from .chain import Chain
+from .clock import SYSTEM, Clock
 from .output import OperatorFailure
 from .task import TaskOptions
 from .watchdog import Activity
@@ -60,19 +62,22 @@ def options_of(deploy: messages.Deploy, generation: int) -> TaskOptions:
 
 
 def prepare(deploy: messages.Deploy, task_id: str, generation: int, activity: Activity,
-            tls: bool = False) -> Prepared:
-    """Load, open and restore task ``task_id``'s chain as ``deploy`` says."""
+            tls: bool = False, clock: Clock = SYSTEM) -> Prepared:
+    """Load, open and restore task ``task_id``'s chain as ``deploy`` says (its operators
+    read time from ``clock``)."""
     plan = Plan.from_dict(deploy.plan)
     spec = plan.task(task_id)
     chain_spec = plan.chain(spec.chain)
     code = codeship.load(deploy.code)  # user code from the authenticated driver, never data
     templates, key_fns = code["ops"], code["keys"]
-    restored = deploy.restore is not None
+    # Parsed before any operator code runs: a malformed spec is the connection's fault (ProtocolError).
+    what = None if deploy.restore is None else restore_spec.from_data(deploy.restore)
+    restored = what is not None
     fence = Fence(deploy.fence_dir or deploy.checkpoint_dir, deploy.fence) if deploy.fence else None
 
     def ctx(name: str) -> Any:
         return OperatorContext(name, spec.index, spec.parallelism, generation, restored, fence,
-                               max_parallelism=plan.max_parallelism, tls=tls)
+                               max_parallelism=plan.max_parallelism, tls=tls, clock=clock)
 
     names = list(chain_spec.operators)
     source: Any = None
@@ -88,10 +93,10 @@ def prepare(deploy: messages.Deploy, task_id: str, generation: int, activity: Ac
         for n, op in chain.all_operators():
             current = n
             op.open(ctx(n))
-        if deploy.restore is not None:
-            snap = restore.load(deploy.restore, plan, spec, dict(chain.all_operators()), key_fns)
+        if what is not None:
+            snap = restore.load(what, plan, spec, dict(chain.all_operators()), key_fns)
             restored_finished = snap.finished
-            replay = restore.replay(snap, names, "rescale" in deploy.restore)
+            replay = restore.replay(snap, names, isinstance(what, restore_spec.Rescale))
             for n, op in chain.all_operators():
                 current = n
                 if n in snap.states:
@@ -100,7 +105,7 @@ def prepare(deploy: messages.Deploy, task_id: str, generation: int, activity: Ac
                 # The final checkpoint completed: commit what it holds (idempotent) and stop.
                 for n, op in chain.all_operators():
                     current = n
-                    op.notify_checkpoint_complete(deploy.restore["checkpoint_id"])
+                    op.notify_checkpoint_complete(what.checkpoint_id)
                 final_committed = True
     except (CheckpointError, FencedOut):
         raise

@@ -15,29 +15,28 @@ from typing import Any, Callable
 
 from operators.base import Source
 
-from ..checkpoint.incremental import ChainRef
 from ..checkpoint.remote import load_task_state
+from ..checkpoint.restore_spec import Inflight, RestoreSpec, SamePlan
 from ..checkpoint.snapshot_file import TaskSnapshotData
 from ..errors import RescaleError, RescaleErrorReason
 from ..plan import Plan, TaskSpec
 
 
-def load(restore: dict[str, Any], plan: Plan, spec: TaskSpec, operators: dict[str, Any],
+def load(restore: RestoreSpec, plan: Plan, spec: TaskSpec, operators: dict[str, Any],
          key_fns: dict[str, Callable[[Any], Any]]) -> TaskSnapshotData:
     """The snapshot task ``spec`` restores; ``operators`` are its opened operator instances
     (by name), ``key_fns`` the job's key functions (by keyed operator)."""
-    root, cid = restore["root"], int(restore["checkpoint_id"])
-    if "rescale" not in restore:
-        return load_task_state(root, cid, restore["file"], int(restore["size"]), restore["sha256"],
-                               _refs(restore.get("chain")))
+    root, cid = restore.root, restore.checkpoint_id
+    if isinstance(restore, SamePlan):
+        own = restore.file
+        return load_task_state(root, cid, own.name, own.size, own.sha256, list(restore.chain))
     from ..keygroups import key_group, key_group_range
 
-    r = restore["rescale"]
-    chains = r.get("chains", {})
-    snaps = {t: load_task_state(root, cid, f, int(size), sha, _refs(chains.get(t)))
-             for t, (f, size, sha) in r["files"].items()}
-    groups = key_group_range(int(r["max_parallelism"]), spec.parallelism, spec.index)
-    max_p = int(r["max_parallelism"])
+    r = restore
+    snaps = {t: load_task_state(root, cid, f.name, f.size, f.sha256, list(r.chains.get(t, ())))
+             for t, f in r.files.items()}
+    max_p = r.max_parallelism
+    groups = key_group_range(max_p, spec.parallelism, spec.index)
 
     def owns(key: Any) -> bool:
         return key_group(key, max_p) in groups
@@ -48,9 +47,9 @@ def load(restore: dict[str, Any], plan: Plan, spec: TaskSpec, operators: dict[st
     # can be rebuilt, or finish() would emit again what the finished ones emitted.
     finished = bool(snaps) and all(s.finished for s in snaps.values())
     states: dict[str, Any] = {}
-    for name, olds in r["operators"].items():
+    for name, olds in r.operators.items():
         old_states = [snaps[t].states.get(name) for t in olds]
-        if name not in r["changed"]:
+        if name not in r.changed:
             states[name] = old_states[0]
             continue
         op = operators[name]
@@ -62,11 +61,11 @@ def load(restore: dict[str, Any], plan: Plan, spec: TaskSpec, operators: dict[st
                                "at the parallelism it ran with", name)
         states[name] = op.rescale_state(old_states, spec.index, spec.parallelism, owns)
     logs: dict[str, list[Any]] = {}
-    for f in r["inflight"]:
-        records = _routed(f, snaps, spec, key_fns, owns) if f["route"] else [
-            rec for t in f["from"] for ch in sorted(snaps[t].logs) for rec in snaps[t].logs[ch]]
+    for f in r.inflight:
+        records = _routed(f, snaps, spec, key_fns, owns) if f.route else [
+            rec for t in f.sources for ch in sorted(snaps[t].logs) for rec in snaps[t].logs[ch]]
         if records:
-            logs[f["op"]] = records
+            logs[f.operator] = records
     return TaskSnapshotData(states, logs, finished)
 
 
@@ -84,19 +83,14 @@ def replay(snap: TaskSnapshotData, chain: list[str], rescaled: bool) -> list[tup
     return sorted(((chain.index(op), records) for op, records in snap.logs.items()), key=lambda b: -b[0])
 
 
-def _refs(raw: Any) -> list[ChainRef]:
-    """A chain from a Deploy (the driver's own data, built from verified metadata)."""
-    return [ChainRef(int(c), str(f), int(n), str(sha)) for c, f, n, sha in raw or []]
-
-
-def _routed(f: dict[str, Any], snaps: dict[str, TaskSnapshotData], spec: TaskSpec,
+def _routed(f: Inflight, snaps: dict[str, TaskSnapshotData], spec: TaskSpec,
             key_fns: dict[str, Callable[[Any], Any]], owns: Callable[[Any], bool]) -> list[Any]:
-    """This subtask's share of the records the old subtasks of operator ``f["op"]`` logged:
+    """This subtask's share of the records the old subtasks of operator ``f.operator`` logged:
     into a keyed operator (hash edges only), those whose key group it owns, by the
     operator's key function; into any other, every ``parallelism``-th of them (forward and
     rebalance edges honour no key)."""
-    records = [rec for t in f["from"] for ch in sorted(snaps[t].logs) for rec in snaps[t].logs[ch]]
-    if not f["keyed"]:
+    records = [rec for t in f.sources for ch in sorted(snaps[t].logs) for rec in snaps[t].logs[ch]]
+    if not f.keyed:
         return records[spec.index :: spec.parallelism]
-    fn = key_fns.get(f["op"])
+    fn = key_fns.get(f.operator)
     return [rec for rec in records if owns(fn(rec) if fn is not None else rec)]

@@ -7,6 +7,7 @@ import pytest
 
 from abs_engine import Dataflow
 from abs_engine.checkpoint.rescale import restore_specs
+from abs_engine.checkpoint.restore_spec import Rescale, SamePlan
 from abs_engine.checkpoint.metadata import FileEntry, Metadata
 from abs_engine.errors import RescaleError, RescaleErrorReason
 from abs_engine.testing import TestingSource
@@ -38,7 +39,7 @@ def test_the_same_plan_restores_one_file_per_task():
     p = plan(2)
     specs = restore_specs(p, meta_of(p), "/ck", 128)
     assert set(specs) == {t.id for t in p.tasks}
-    assert all("rescale" not in s and s["file"] == f"{t}.x.state" for t, s in specs.items())
+    assert all(isinstance(s, SamePlan) and s.file.name == f"{t}.x.state" for t, s in specs.items())
 
 
 @pytest.mark.parametrize("before,after", [(2, 3), (4, 1), (1, 4)])
@@ -47,17 +48,18 @@ def test_a_rescale_gives_each_new_subtask_every_old_subtask_of_a_changed_operato
     specs = restore_specs(new, meta_of(old), "/ck", 128)
     old_counts = old.layout()["operators"]["count"]
     for t in new.tasks:
-        r = specs[t.id]["rescale"]
-        inflight = {f["op"]: f for f in r["inflight"]}
-        if "count" in r["operators"]:
-            assert r["operators"]["count"] == old_counts and "count" in r["changed"]
+        r = specs[t.id]
+        assert isinstance(r, Rescale)
+        inflight = {f.operator: f for f in r.inflight}
+        if "count" in r.operators:
+            assert list(r.operators["count"]) == old_counts and "count" in r.changed
             # count's channel state is re-routed, by key group: count is keyed
-            assert inflight["count"]["route"] and inflight["count"]["from"] == old_counts
-            assert inflight["count"]["keyed"]
-        if "sink" in r["operators"]:  # parallelism 1 before and after: its own state, untouched
-            assert r["operators"]["sink"] == old.layout()["operators"]["sink"] and "sink" not in r["changed"]
-        from_logs = {x for f in r["inflight"] for x in f["from"]}
-        assert set(r["files"]) == {x for ids in r["operators"].values() for x in ids} | from_logs
+            assert inflight["count"].route and list(inflight["count"].sources) == old_counts
+            assert inflight["count"].keyed
+        if "sink" in r.operators:  # parallelism 1 before and after: its own state, untouched
+            assert list(r.operators["sink"]) == old.layout()["operators"]["sink"] and "sink" not in r.changed
+        from_logs = {x for f in r.inflight for x in f.sources}
+        assert set(r.files) == {x for ids in r.operators.values() for x in ids} | from_logs
 
 
 def test_rescaling_from_a_final_checkpoint_is_refused():
@@ -87,11 +89,13 @@ def test_logs_come_only_from_old_tasks_headed_by_the_same_operator():
     assert [c.operators for c in old.chains if "sink" in c.operators] == [("count", "sink")]
     specs = restore_specs(new, meta_of(old), "/ck", 128)
     sink_task = [t.id for t in new.tasks if t.chain == "sink"][0]
-    r = specs[sink_task]["rescale"]
-    assert r["operators"]["sink"] == ["count#0"] and r["inflight"] == []  # count#0's logs are count's
+    r = specs[sink_task]
+    assert isinstance(r, Rescale)
+    assert r.operators["sink"] == ("count#0",) and r.inflight == ()  # count#0's logs are count's
     count_tasks = [t.id for t in new.tasks if t.chain == "count"]
-    assert all([f["op"] for f in specs[t]["rescale"]["inflight"]] == ["count"] for t in count_tasks)
-    assert all(specs[t]["rescale"]["inflight"][0]["from"] == ["count#0"] for t in count_tasks)
+    rescales = [specs[t] for t in count_tasks]
+    assert all(isinstance(s, Rescale) and [f.operator for f in s.inflight] == ["count"] for s in rescales)
+    assert all(isinstance(s, Rescale) and s.inflight[0].sources == ("count#0",) for s in rescales)
 
 
 def test_channel_state_into_an_operator_now_fused_behind_another_is_kept_for_it():
@@ -101,9 +105,10 @@ def test_channel_state_into_an_operator_now_fused_behind_another_is_kept_for_it(
     old, new = plan(2), plan(1)
     (task,) = [t for t in new.tasks if t.chain == "count"]
     assert new.chain("count").operators == ("count", "sink")
-    inflight = restore_specs(new, meta_of(old), "/ck", 128)[task.id]["rescale"]["inflight"]
-    assert {f["op"]: f["from"] for f in inflight} == {"count": ["count#0", "count#1"], "sink": ["sink#0"]}
-    assert {f["op"]: f["route"] for f in inflight} == {"count": True, "sink": False}
+    spec = restore_specs(new, meta_of(old), "/ck", 128)[task.id]
+    assert isinstance(spec, Rescale)
+    assert {f.operator: f.sources for f in spec.inflight} == {"count": ("count#0", "count#1"), "sink": ("sink#0",)}
+    assert {f.operator: f.route for f in spec.inflight} == {"count": True, "sink": False}
 
 
 def test_a_changed_dataflow_is_refused_naming_the_removed_operator_and_the_flag():
@@ -120,11 +125,12 @@ def test_allow_non_restored_state_drops_removed_operators_and_starts_added_ones_
     specs = restore_specs(plan(after), meta_of(plan(before, extra_map=True)), "/ck", 128,
                           allow_non_restored_state=True)
     for s in specs.values():
-        assert "upper" not in s["rescale"]["operators"]
-        assert not any(t.startswith("upper#") for t in s["rescale"]["files"])
+        assert isinstance(s, Rescale)
+        assert "upper" not in s.operators
+        assert not any(t.startswith("upper#") for t in s.files)
     specs = restore_specs(plan(after, extra_map=True), meta_of(plan(before)), "/ck", 128,
                           allow_non_restored_state=True)
-    restored = {op for s in specs.values() for op in s["rescale"]["operators"]}
+    restored = {op for s in specs.values() if isinstance(s, Rescale) for op in s.operators}
     assert "upper" not in restored and {"src", "split", "count", "sink"} <= restored
 
 
