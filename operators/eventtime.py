@@ -76,17 +76,19 @@ class EventTimeSource(WrappingSource[T], Generic[T]):
         self.skipped = []
         self.max_ts: float = MIN_WATERMARK
         self.last_record = 0.0
+        self.clock: Callable[[], float] = time.monotonic  #: the task's (open)
 
     # -- the source protocol: the rest is the inner source's (WrappingSource) ---------------
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
-        self.last_record = time.monotonic()
+        self.clock = ctx.monotonic()
+        self.last_record = self.clock()
 
     def read_batch(self) -> list[T] | None:
         batch = self.inner.read_batch()
         if batch:
-            self.last_record = time.monotonic()
+            self.last_record = self.clock()
             first = None
             try:  # the fast path: one pass over the batch
                 newest = max(map(self.timestamps, batch))
@@ -148,6 +150,6 @@ class EventTimeSource(WrappingSource[T], Generic[T]):
     def watermark_status(self, read_something: bool) -> float | None:
         """What the subtask's status is now: its watermark, or None when idle."""
         timeout = self.strategy.idle_timeout
-        if not read_something and timeout is not None and time.monotonic() - self.last_record >= timeout:
+        if not read_something and timeout is not None and self.clock() - self.last_record >= timeout:
             return None
         return self.watermark()
