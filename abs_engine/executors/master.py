@@ -82,7 +82,8 @@ class JobMaster:
         self.source_tasks = [t.id for t in plan.tasks if plan.chain(t.chain).is_source]
         #: Records the sources read in this run, over every attempt (source_records.py).
         self.sources = SourceRecords(self.result)
-        self.job_id = ""  #: a fresh run's own id, or adopted from the checkpoints it resumes
+        #: A fresh run's own id (one started from a savepoint too), or adopted from the checkpoints it resumes.
+        self.job_id = ""
         self.run_nonce = secrets.token_hex(8)  #: this driver process's run, in fence tokens
         self.control_dir = ""  #: where the lock and the output fence live (see remote.control_dir)
         #: What signals asked for: a savepoint and a stop, or a savepoint (signals.py).
@@ -210,10 +211,7 @@ class JobMaster:
                     # Nothing of this job's own yet: start from the savepoint (verified, every file).
                     sp_storage, meta = load_savepoint(cfg.restore_from, self.fingerprint, self.shape,
                                                       cfg.allow_non_restored_state)
-                    restore_root = sp_storage.root
-                    if not self.job_id:
-                        self.job_id = meta.job_id or uuid.uuid4().hex[:16]
-                        self.result.job_id = self.tracker.job_id = self.job_id
+                    restore_root = sp_storage.root  # (a run from a savepoint is a new job: its own id, as Flink's)
                 if meta is not None:
                     self.result.restored_from.append(meta.checkpoint_id)
                 self.lifecycle.to(Phase.SCHEDULING)

@@ -47,8 +47,8 @@ Invariants checked (a violation raises SimFailure; the CLI prints a reproduction
 Simplifications versus a job: a task is one operator and one subtask (no chains); channels
 are unbounded (a worker always reads back-edges, so bounded ones cannot deadlock); a
 snapshot file is written and acknowledged at once; no stop-the-world mode, no generation
-fencing (stale messages die with the crash), no corrupt files; the driver is a mirror of
-executors/master.py's message handling. Storage (``--storage``): ``memory`` (default) or
+fencing (stale messages die with the crash), no corrupt files; the driver routes messages
+to the coordinator with checkpoint/routing.py, as the job's attempt driver does. Storage (``--storage``): ``memory`` (default) or
 ``disk``, the real CheckpointStorage in a temporary directory (simulation/storage.py).
 
 Modes (``--mode``): ``aligned`` (ABS), ``unaligned`` (every task triggered at once,
