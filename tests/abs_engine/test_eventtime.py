@@ -78,9 +78,13 @@ def _key(r: Any) -> str:
     return str(r[0])
 
 
-@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
-@pytest.mark.parametrize("windows", [TumblingWindows(200), SlidingWindows(200, 50), SessionWindows(6)],
-                         ids=["tumbling", "sliding", "session"])
+# Every kind of window, each mode at least once (sessions, which merge, in both).
+@pytest.mark.parametrize("windows, mode", [
+    pytest.param(TumblingWindows(200), "aligned", id="tumbling-aligned"),
+    pytest.param(SlidingWindows(200, 50), "unaligned", id="sliding-unaligned"),
+    pytest.param(SessionWindows(6), "aligned", id="session-aligned"),
+    pytest.param(SessionWindows(6), "unaligned", id="session-unaligned"),
+])
 def test_windows_exactly_once_under_sigkill(tmp_path, windows, mode):
     recs = out_of_order(60_000, seed=1)
     flow = Dataflow("windows", parallelism=2)

@@ -30,7 +30,9 @@ def golden_then_killed(build, tmp_path, read, kills: int, seed: int, **run) -> t
     return read(golden_out), read(out), res
 
 
-@pytest.mark.parametrize("parallelism", [1, 2, 4])
+# One parallelism end to end (2 unaligned: executors/test_unaligned.py); the protocol at
+# others: the simulation's topologies.
+@pytest.mark.parametrize("parallelism", [4])
 def test_collatz_loop_exactly_once_under_sigkill(tmp_path, parallelism):
     n = 30_000
     golden, killed, res = golden_then_killed(
@@ -41,7 +43,7 @@ def test_collatz_loop_exactly_once_under_sigkill(tmp_path, parallelism):
     assert res.restarts >= 1
 
 
-@pytest.mark.parametrize("parallelism", [1, 2, 4])
+@pytest.mark.parametrize("parallelism", [4])
 def test_bank_loop_exactly_once_and_conserved_in_every_checkpoint(tmp_path, parallelism):
     accounts, transfers, seed = 50, 150_000, parallelism
     ck = str(tmp_path / "ck")
@@ -173,7 +175,7 @@ def test_bank_loop_on_the_spark_executor_under_sigkill_is_exact_and_conserved(tm
         assert bank.conserved_total(storage, cid, accounts) == bank.INITIAL * accounts, cid
 
 
-@pytest.mark.parametrize("before,after", [(2, 3), (4, 1), (1, 4)])
+@pytest.mark.parametrize("before,after", [(2, 3), (4, 1)])  # up and down
 def test_bank_resumed_at_another_parallelism_under_sigkill_is_exact_and_conserved(tmp_path, before, after):
     """The cycle rescaled: balances re-split by key group, credits in flight on the
     back-edge re-routed to the subtask that now owns their account."""

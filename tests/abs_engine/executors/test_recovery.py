@@ -47,8 +47,8 @@ def as_counts(lines: collections.Counter[str]) -> collections.Counter[str]:
 KILLS = (1, 2, 3, 4)
 
 
-@pytest.mark.parametrize("parallelism", [1, 2, 4])
-@pytest.mark.parametrize("interval", [0.02, 0.05])
+# Two parallelisms and intervals end to end; the protocol at others: the simulation's topologies.
+@pytest.mark.parametrize("interval,parallelism", [(0.02, 2), (0.05, 4)])
 def test_sigkill_after_checkpoints_gives_identical_output(medium_corpus, tmp_path, parallelism, interval):
     golden_out = str(tmp_path / "golden.tsv")
     wordcount(medium_corpus, golden_out, parallelism).run(mode="none")
@@ -98,7 +98,7 @@ def test_resume_from_final_checkpoint_commits_again_and_ends(small_corpus, tmp_p
     assert as_counts(first) == batch_word_count(small_corpus)
 
 
-@pytest.mark.parametrize("parallelism", [1, 2, 4])
+@pytest.mark.parametrize("parallelism", [2])
 def test_stop_the_world_under_sigkill_gives_identical_output(medium_corpus, tmp_path, parallelism):
     """Stop-the-world must be as correct as ABS: the same golden-output test."""
     golden_out = str(tmp_path / "golden.tsv")

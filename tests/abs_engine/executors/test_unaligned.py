@@ -39,7 +39,8 @@ def persisted_in_flight(res) -> int:  # type: ignore[no-untyped-def]
     return sum(c.inflight_records for c in res.checkpoints)
 
 
-@pytest.mark.parametrize("parallelism", [1, 2, 4])
+# (One parallelism end to end; the protocol at others: the simulation's topologies, in-process.)
+@pytest.mark.parametrize("parallelism", [2])
 def test_wordcount_unaligned_is_exact_under_sigkills(tmp_path, parallelism):
     sink = CapturingSink(tmp_path / "out")
     chaos = KillOnCheckpoints([1, 3], seed=parallelism)
@@ -73,7 +74,7 @@ def assert_pipeline_cuts_consistent(ck: str, n: int) -> None:
         assert counted2 + into2 == counted1, (cid, counted2, into2, counted1)
 
 
-@pytest.mark.parametrize("parallelism", [1, 2, 4])
+@pytest.mark.parametrize("parallelism", [4])
 def test_pipeline_unaligned_emits_every_record_once_under_sigkills(tmp_path, parallelism):
     n, sink, ck = 600_000, CapturingSink(tmp_path / "out"), str(tmp_path / "ck")
     chaos = KillOnCheckpoints([1, 3], seed=10 + parallelism)
@@ -85,7 +86,7 @@ def test_pipeline_unaligned_emits_every_record_once_under_sigkills(tmp_path, par
     assert_pipeline_cuts_consistent(ck, n)
 
 
-@pytest.mark.parametrize("parallelism", [1, 2, 4])
+@pytest.mark.parametrize("parallelism", [2])  # (and 4 aligned: tests/examples/test_loops.py)
 def test_collatz_unaligned_is_exact_under_sigkills(tmp_path, parallelism):
     n, out = 30_000, str(tmp_path / "out.tsv")
     chaos = KillOnCheckpoints([1, 2, 3], seed=parallelism)
@@ -96,7 +97,7 @@ def test_collatz_unaligned_is_exact_under_sigkills(tmp_path, parallelism):
     persisted_in_flight(res)
 
 
-@pytest.mark.parametrize("parallelism", [1, 2, 4])
+@pytest.mark.parametrize("parallelism", [2])  # (and 4 aligned: tests/examples/test_loops.py)
 def test_bank_unaligned_is_exact_and_conserved_in_every_checkpoint(tmp_path, parallelism):
     """Conservation on every completed checkpoint: balances + credits in flight (back-edge
     logs and regular inputs' channel state alike) == the money the bank started with."""
@@ -145,7 +146,7 @@ def newest_with_channel_state(ck: str) -> int:
     return ids[-1]
 
 
-@pytest.mark.parametrize("before,after", [(2, 3), (4, 1), (1, 4)])
+@pytest.mark.parametrize("before,after", [(2, 3), (4, 1)])  # up and down
 def test_a_checkpoint_with_channel_state_rescales_exactly(tmp_path, before, after):
     """Stopped right after an unaligned checkpoint that holds records in flight, resumed at
     another parallelism under SIGKILLs: every record emitted once. Records in flight into
