@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from abs_engine.checkpoint.restore_spec import Inflight
 from abs_engine.checkpoint.snapshot_file import TaskSnapshotData
 from abs_engine.keygroups import key_group, key_group_range
 from abs_engine.plan import TaskSpec
@@ -39,7 +40,7 @@ def test_keyed_channel_state_goes_to_the_owner_of_each_key_and_the_rest_is_dealt
     snaps = {"op#0": snap({"in->put#0->op#0": records[:120]}), "op#1": snap({"in->put#1->op#1": records[120:]})}
     key_fns = {"op": lambda r: r[0]}
     for keyed in (True, False):
-        f = {"op": "op", "from": ["op#0", "op#1"], "route": True, "keyed": keyed}
+        f = Inflight("op", ("op#0", "op#1"), route=True, keyed=keyed)
         got = []
         for i in range(3):
             groups = key_group_range(128, 3, i)
