@@ -162,11 +162,11 @@ class Ack(Message):
     sync_ms: float = 0.0  #: the task thread's share: operators' snapshot() and the copy (a fork, or inline)
     async_ms: float = 0.0  #: from then to the acknowledgement: encoding (if forked) and the write
     #: Incremental checkpoints (checkpoint/incremental.py): the checkpoint whose file of this
-    #: task the deltas in this one apply to (-1: a full file), and the newest completed
-    #: checkpoint the task had been told of (what it may build on from now; -1: it never
-    #: writes deltas).
-    base: int = -1
-    known: int = -1
+    #: task the deltas in this one apply to (None: a full file), and the newest completed
+    #: checkpoint the task had been told of (what it may build on from now; None: it
+    #: writes no deltas and was told of none).
+    base: int | None = None
+    known: int | None = None
     unaligned: bool = False  #: the task's snapshot was unaligned (logged every input's state)
     inflight_bytes: int = 0  #: bytes of the records ``logged`` (channel state)
     channel_state: int = 0  #: of ``logged``, records in flight on regular inputs (unaligned)

@@ -302,7 +302,7 @@ class CheckpointCoordinator:
                 ack.task, TaskSnapshot(ack.file, ack.size, ack.sha256, ack.alignment_ms, ack.logged, ack.finished,
                                        ack.base, ack.known, ack.channel_state)
             )
-        if ack.task in self.tasks and isinstance(ack.known, int) and ack.known >= 0:
+        if ack.task in self.tasks and ack.known is not None:
             self.known[ack.task] = max(self.known.get(ack.task, 0), ack.known)
         self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
         if p is None or not p.complete:
@@ -348,7 +348,7 @@ class CheckpointCoordinator:
         """Each delta file's chain: its base's chain, then the base's file of that task."""
         chains: dict[str, list[ChainRef]] = {}
         for t, s in p.acks.items():
-            if s.base < 0:
+            if s.base is None:
                 continue
             base = self.buildable.get(s.base)
             if base is None or t not in base.tasks:

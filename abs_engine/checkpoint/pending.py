@@ -25,8 +25,8 @@ class TaskSnapshot:
     alignment_ms: float
     logged: int = 0  #: records logged on back-edges
     finished: bool = False  #: the task had finished when it snapshotted
-    base: int = -1  #: the file is a delta on this checkpoint's (-1: a full file)
-    known: int = -1  #: the newest completion the task may build on (-1: it writes no deltas)
+    base: int | None = None  #: the file is a delta on this checkpoint's (None: a full file)
+    known: int | None = None  #: the newest completion the task may build on (None: it writes no deltas)
     channel_state: int = 0  #: records logged on regular inputs (unaligned)
 
 

@@ -22,7 +22,7 @@ from . import spill
 
 
 def encode(task: str, checkpoint_id: int, operators: bytes, logs: dict[str, bytes], finished: bool,
-                  base: int = -1, deltas: list[str] | None = None,
+                  base: int | None = None, deltas: list[str] | None = None,
                   spilled: list[tuple[str, int, str]] | None = None) -> bytes:
     """A task's state file (read by ``decode_snapshot``): the msgpack map
     {task, checkpoint_id, operators, logs, finished}, with ``operators`` spliced in as the

@@ -50,17 +50,18 @@ class Increments:
         if enabled:
             self.candidates = {name: op for name, op in operators if op.incremental}
         self.max_chain = max_chain
-        #: The newest completed checkpoint this task was told of (0: none; -1: no deltas ever).
-        self.known = 0 if self.candidates else -1
+        #: The newest completed checkpoint this task was told of (0: none yet; None: none yet,
+        #: and it writes no deltas: it holds back no base the coordinator keeps for others).
+        self.known: int | None = 0 if self.candidates else None
         self.written: dict[int, int] = {}  #: checkpoint id -> deltas under its file (0: a full file)
         self.since: dict[str, int] = {}  #: operator -> the snapshot after which its changes are tracked
         self.resume_at: dict[str, int] = {}  #: operator -> the snapshot from which it may track again
         self.epochs: dict[str, list[tuple[int, Any]]] = {}  #: per epoch: key -> value, or keys
 
-    def prepare(self, checkpoint_id: int, states: dict[str, Any]) -> tuple[int, list[str], int]:
+    def prepare(self, checkpoint_id: int, states: dict[str, Any]) -> tuple[int | None, list[str], int]:
         """Turn ``states`` (operator -> snapshot()) into what snapshot ``checkpoint_id``
         writes: pending deltas replace the states of operators written incrementally.
-        Returns the base (-1: a full file), the operators written as deltas, and the number
+        Returns the base (None: a full file), the operators written as deltas, and the number
         of entries to encode (for the encoder's choice of fork or inline)."""
         for name, op in self.candidates.items():
             if name in self.since:
@@ -69,10 +70,10 @@ class Increments:
                   and checkpoint_id >= self.resume_at.get(name, 0)):
                 op.track_changes()  # changes after this snapshot: the next can be a delta on it
                 self.since[name], self.epochs[name] = checkpoint_id, []
-        base = self.known if self.known in self.written else -1
+        base = self.known if self.known in self.written else None
         deltas: list[str] = []
         entries = 0
-        if base >= 0 and self.written[base] < self.max_chain:
+        if base is not None and self.written[base] < self.max_chain:
             for name, since in list(self.since.items()):
                 state = states.get(name)
                 if since > base or not isinstance(state, dict):
@@ -84,9 +85,9 @@ class Increments:
                 states[name] = pending
                 deltas.append(name)
                 entries += len(pending) * (1 if pending.values else KEY_COST)
-        self.written[checkpoint_id] = self.written[base] + 1 if deltas else 0
+        self.written[checkpoint_id] = self.written[base] + 1 if deltas and base is not None else 0
         entries += sum(entry_count(s) for n, s in states.items() if n not in deltas)
-        return (base if deltas else -1), deltas, entries
+        return (base if deltas else None), deltas, entries
 
     def _pause(self, name: str, checkpoint_id: int) -> None:
         self.candidates[name].untrack_changes()
@@ -95,7 +96,7 @@ class Increments:
 
     def completed(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete: build on its file from now on."""
-        if checkpoint_id not in self.written or checkpoint_id <= self.known:
+        if checkpoint_id not in self.written or (self.known is not None and checkpoint_id <= self.known):
             return
         self.known = checkpoint_id
         for cid in [c for c in self.written if c < checkpoint_id]:

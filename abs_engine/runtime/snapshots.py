@@ -40,9 +40,9 @@ class Captured:
     alignment_ms: float
     finished: bool  #: the task had sent end of stream when it snapshotted
     sync_ms: float  #: the task thread's share: operators' snapshot() and the copy
-    base: int  #: incremental: the checkpoint the deltas apply to (-1: a full file)
+    base: int | None  #: incremental: the checkpoint the deltas apply to (None: a full file)
     deltas: list[str]  #: incremental: the operators written as deltas
-    known: int  #: incremental: the newest completion the task may build on (-1: it writes no deltas)
+    known: int | None  #: incremental: the newest completion the task may build on (None: it writes no deltas)
     first_seen: float  #: wall time the checkpoint's first barrier (or trigger) reached the task
 
 

@@ -117,8 +117,8 @@ class Job:
     finished: bool
     sync_ms: float
     submitted: float  #: the task clock's perf_counter() at submit
-    base: int = -1  #: incremental: the checkpoint this file's deltas apply to (-1: full)
-    known: int = -1  #: incremental: the newest completion the task may build on
+    base: int | None = None  #: incremental: the checkpoint this file's deltas apply to (None: full)
+    known: int | None = None  #: incremental: the newest completion the task may build on
     unaligned: bool = False
     inflight_bytes: int = 0
     channel_state: int = 0
@@ -139,5 +139,6 @@ class SpillJob:
 def ack_of(task: str, job: Job, blob: bytes, sha256: str, now: float) -> messages.Ack:
     """The acknowledgement of ``job``, written as ``blob`` (``now``: perf_counter())."""
     return messages.Ack(job.checkpoint_id, task, job.name, len(blob), sha256, job.alignment_ms, job.logged,
-                        job.finished, job.sync_ms, (now - job.submitted) * 1000, job.base, job.known,
-                        job.unaligned, job.inflight_bytes, job.channel_state, job.first_seen)
+                        job.finished, sync_ms=job.sync_ms, async_ms=(now - job.submitted) * 1000, base=job.base,
+                        known=job.known, unaligned=job.unaligned, inflight_bytes=job.inflight_bytes,
+                        channel_state=job.channel_state, first_seen=job.first_seen)

@@ -81,7 +81,7 @@ def test_incremental_deltas_carry_changes_and_forgotten_keys():
     inc = Increments([("mean", op)], True)
     op.process([(f"k{i}", 1) for i in range(2000)] + [("gone", 1)])
     states = {"mean": op.snapshot(1)}
-    assert inc.prepare(1, states)[0] == -1  # the first is full; tracking starts after it
+    assert inc.prepare(1, states)[0] is None  # the first is full; tracking starts after it
     full = codec.unpack_state(codec.pack(states["mean"]))
     inc.completed(1)
     op.process([("k5", 3), None])  # one key changed, one forgotten

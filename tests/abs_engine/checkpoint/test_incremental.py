@@ -90,7 +90,7 @@ def test_after_touching_k_keys_a_checkpoint_writes_o_k_bytes(tmp_path, op_type):
     n = 100_000
     task.process([f"key-{i}" for i in range(n)])
     full = task.snapshot(1)
-    assert full.base == -1 and full.size > 10 * n  # the whole state
+    assert full.base is None and full.size > 10 * n  # the whole state
     task.inc.completed(1)
     sizes = {}
     for cid, k in enumerate([1, 10, 100, 1000, 10_000], start=2):
@@ -111,7 +111,7 @@ def test_a_delta_is_relative_to_the_newest_completed_base_even_when_completions_
     os.makedirs(root)
     task = SimTask("t", root)
     task.process(list(range(5000)))
-    assert task.snapshot(1).base == -1
+    assert task.snapshot(1).base is None
     task.inc.completed(1)
     task.process([1, 2])
     assert task.snapshot(2).base == 1
@@ -134,15 +134,15 @@ def test_a_full_file_after_max_chain_deltas_and_when_too_much_of_the_state_chang
         task.process([cid])
         bases.append(task.snapshot(cid).base)
         task.inc.completed(cid)
-    assert bases == [-1, 1, 2, 3, -1, 5, 6]
+    assert bases == [None, 1, 2, 3, None, 5, 6]
     task.inc.completed(7)
     task.process(list(range(2500)))  # more than half of the state: written whole...
-    assert task.snapshot(8).base == -1
+    assert task.snapshot(8).base is None
     task.inc.completed(8)
     assert task.op.changed is None  # ...and tracking pauses: it did not pay
     for cid in range(9, 9 + PAUSE):
         task.process([cid])
-        assert task.snapshot(cid).base == -1
+        assert task.snapshot(cid).base is None
         task.inc.completed(cid)
     assert task.op.changed is not None  # tracking again from snapshot 8 + PAUSE on
     task.process([1])

@@ -5,25 +5,13 @@ the end of the loops it proved drained)."""
 
 from __future__ import annotations
 
-import pytest
-
 from abs_engine import messages
 from abs_engine.checkpoint.pending import AckOutcome
 from abs_engine.checkpoint.routing import route
-from abs_engine.checkpoint.storage import CheckpointStorage
-from tests.abs_engine.checkpoint.test_coordinator import SOURCES, TASKS, FakeClock, ack, make, triggers
+# (The coordinator tests' fixtures, clock and storage, imported to be used here too.)
+from tests.abs_engine.checkpoint.test_coordinator import SOURCES, TASKS, ack, clock, make, storage, triggers  # noqa: F401
 
 LOOP = frozenset({"count#0", "count#1"})
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def storage(tmp_path) -> CheckpointStorage:
-    return CheckpointStorage(str(tmp_path / "ck"), retain=100)
 
 
 def test_an_ack_completes_and_the_notifications_come_back(storage, clock):
