@@ -21,7 +21,8 @@ from operators.generators import RangeSource
 from tests.abs_engine.executors.test_rescaling import pipeline, pipeline_oracle
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-N = 2_000_000
+N = 200_000
+HOLD = N // 4  #: each of the first run's 2 source subtasks holds there (half the input) until its gate opens
 
 
 def sigterm_after(checkpoints: int):  # type: ignore[no-untyped-def]
@@ -53,8 +54,8 @@ def committed_matches_savepoint(sink_dir: str, savepoint: str) -> None:
 @pytest.mark.parametrize("after", [2, 3])
 def test_sigterm_stops_with_a_committed_savepoint_and_a_restore_from_it_is_exact(tmp_path, after):
     sink_dir = tmp_path / "out"
-    sp_dir = str(tmp_path / "savepoints")
-    res = pipeline(N, CapturingSink(sink_dir), 2).run(
+    sp_dir, gate = str(tmp_path / "savepoints"), tmp_path / "gate"
+    res = pipeline(N, CapturingSink(sink_dir), 2, gate, HOLD).run(
         checkpoint_interval=0.02, checkpoint_dir=str(tmp_path / "ck"), savepoint_dir=sp_dir,
         retained_checkpoints=1, stop_when=sigterm_after(0))
     assert res.stopped_with_savepoint and res.savepoint.startswith(sp_dir) and not res.cancelled
@@ -63,14 +64,15 @@ def test_sigterm_stops_with_a_committed_savepoint_and_a_restore_from_it_is_exact
     committed_matches_savepoint(str(sink_dir), res.savepoint)
     # Retention (1) removed the checkpoints the savepoint came from; the savepoint is whole.
     assert open_storage(res.savepoint).verify(open_storage(res.savepoint).completed_ids()[0])
-    again = pipeline(N, CapturingSink(sink_dir), after).run(
+    gate.touch()
+    again = pipeline(N, CapturingSink(sink_dir), after, gate, HOLD).run(
         checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck2"), restore_from=res.savepoint)
     assert again.restored_from[0] == open_storage(res.savepoint).completed_ids()[0]
     assert collections.Counter(tuple(r) for r in CapturingSink(sink_dir).records()) == pipeline_oracle(N)
 
 
 def test_a_damaged_savepoint_is_refused_not_ignored(tmp_path):
-    res = pipeline(N, CapturingSink(tmp_path / "out"), 2).run(
+    res = pipeline(N, CapturingSink(tmp_path / "out"), 2, tmp_path / "gate", HOLD).run(
         checkpoint_interval=0.02, checkpoint_dir=str(tmp_path / "ck"), savepoint_dir=str(tmp_path / "sp"),
         stop_when=sigterm_after(0))
     storage = open_storage(res.savepoint)
