@@ -1,11 +1,13 @@
 """Word count on a Spark ``local-cluster`` (separate executor JVMs) with the Spark executor,
 under kills; run as its own driver process (one SparkContext per process):
 
-    python -m tests.abs_engine.executors.spark_cluster_job CORPUS OUT CKDIR KILL
+    python -m tests.abs_engine.executors.spark_cluster_job CORPUS DIR KILL[,KILL...]
 
 KILL is "workers" (SIGKILL engine workers inside the executors right after checkpoints 2
-and 5) or "executor" (SIGKILL a whole executor JVM after checkpoint 2). Prints one JSON
-line: kills, restarts, restored_from, killed_after, seconds."""
+and 5) or "executor" (SIGKILL a whole executor JVM after checkpoint 2). One job per KILL,
+in order, on the same cluster (its start-up is paid once), each writing DIR/KILL.tsv with
+checkpoints in DIR/KILL-ck. Prints one JSON line: per KILL, kills, restarts,
+restored_from, killed_after, seconds."""
 
 from __future__ import annotations
 
@@ -44,8 +46,7 @@ class KillExecutor(KillOnCheckpoints):
         return f"executor {victim}"
 
 
-def main(corpus: str, out: str, ckdir: str, kill: str) -> dict[str, Any]:
-    spark = session_for(MASTER)
+def run(spark: Any, corpus: str, out: str, ckdir: str, kill: str) -> dict[str, Any]:
     chaos: Any
     if kill == "executor":
         chaos = KillExecutor(2, spark.sparkContext._gateway.proc.pid)
@@ -62,6 +63,12 @@ def main(corpus: str, out: str, ckdir: str, kill: str) -> dict[str, Any]:
             "finals": [c.checkpoint_id for c in res.checkpoints if c.final]}
 
 
+def main(corpus: str, where: str, kills: str) -> dict[str, dict[str, Any]]:
+    spark = session_for(MASTER)
+    return {kill: run(spark, corpus, os.path.join(where, f"{kill}.tsv"), os.path.join(where, f"{kill}-ck"), kill)
+            for kill in kills.split(",")}
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(*sys.argv[1:5])), flush=True)
+    print(json.dumps(main(*sys.argv[1:4])), flush=True)
     os._exit(0)  # do not wait for the cluster's shutdown hooks

@@ -4,7 +4,12 @@ processes inside the Spark tasks; too few slots is a clear error within seconds.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -52,25 +57,28 @@ def test_too_few_slots_is_a_clear_error_within_seconds(spark, small_corpus, tmp_
     assert time.monotonic() - t0 < 20
 
 
+@pytest.fixture(scope="module")
+def cluster_runs(medium_corpus: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
+    """Both jobs of the cluster test, one after the other on one local cluster (its start-up,
+    about 15 s, paid once): the directory of their outputs, and what each reported."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    where = str(tmp_path_factory.mktemp("cluster"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "tests.abs_engine.executors.spark_cluster_job", medium_corpus, where,
+                           "workers,executor"], cwd=root, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return where, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(420)
 @pytest.mark.parametrize("kill", ["workers", "executor"])
-def test_wordcount_on_a_local_cluster_under_kills_is_exact(medium_corpus, tmp_path, kill):
+def test_wordcount_on_a_local_cluster_under_kills_is_exact(medium_corpus, cluster_runs, kill):
     """Two executor JVMs (local-cluster[2,1,1024]): SIGKILLs of engine workers inside them,
     or of a whole executor; the output equals the batch count and the job restored from a
-    checkpoint. Runs as its own driver process (one SparkContext per process)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    out = str(tmp_path / "out.tsv")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "tests.abs_engine.executors.spark_cluster_job", medium_corpus, out,
-                           str(tmp_path / "ck"), kill], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert as_counts(output_lines(out)) == batch_word_count(medium_corpus)
+    checkpoint. Both run in one driver process of their own (one SparkContext per process)."""
+    where, runs = cluster_runs
+    res = runs[kill]
+    assert as_counts(output_lines(os.path.join(where, f"{kill}.tsv"))) == batch_word_count(medium_corpus)
     mid_job = [c for c in res["killed_after"] if c not in res["finals"]]
     assert res["kills"] >= 1 and mid_job, res
     # A killed worker is noticed at once: the restore is from the checkpoint the kill
