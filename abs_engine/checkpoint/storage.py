@@ -1,7 +1,9 @@
 """Durable checkpoint storage: what a checkpoint is, which one to restore, which to keep.
 
 The logic is here, once; the bytes move through a ``CheckpointStore`` (stores.py): a local
-directory (``LocalStore``, descriptor-safe) or a remote one (remote.py's ``RemoteStore``).
+directory (``LocalStore``, descriptor-safe), a remote one (remote.py's ``RemoteStore``), or
+memory (the simulation's, simulation/storage.py), so the simulation runs this retention
+and verification, not a copy.
 
 Layout: ``ROOT/chk-000042/`` holds one ``<task>.<tag>.state`` msgpack file per task
 (written by the workers; the tag names the attempt that wrote it) and ``_metadata``
