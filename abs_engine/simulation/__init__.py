@@ -31,7 +31,8 @@ Invariants checked (a violation raises SimFailure; the CLI prints a reproduction
   a multiset (exactly once): for ``dag*`` every (key, running count) once; for ``cycle``
   every token once, leaving the loop with its initial amount;
 - in every completed checkpoint: it has an acknowledgement of this attempt from every task
-  and verifies in storage; ids complete in increasing order; the cut is consistent --
+  and verifies in storage; ids complete in increasing order; storage then holds exactly
+  the newest ``retain`` completed checkpoints (retention); the cut is consistent --
   dag: the counters' counts are exactly the records below the sources' offsets and the
   sink holds one record per count; cycle (conservation): money in the step tasks'
   balances + money of the records in back-edge logs == money of the records below the
@@ -63,7 +64,9 @@ Deliberate bugs (``--bug``), to prove the oracle can fail: ``non-transactional-s
 production code (simulation/mutations.py): ``no-align`` (inputs blocked by alignment are
 read), ``no-replay`` (a restore forgets its channel state), ``no-channel-state``
 (unaligned snapshots log back-edges only), ``barrier-before-gathered`` (a barrier is
-handled before the records gathered ahead of it are processed).
+handled before the records gathered ahead of it are processed), ``retain-one-fewer``
+(retention keeps one checkpoint fewer than it must, the newest always: only the
+retention check sees it).
 """
 
 from .mutations import BUGS, MUTATIONS

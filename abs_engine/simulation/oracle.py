@@ -1,6 +1,6 @@
 """The simulation's oracle: what must hold of every completed checkpoint (verified in
-storage, a consistent cut) and of the sink's output at the end (exactly once, against a
-batch computation).
+storage, retention keeping exactly the newest ``retain`` completed ones, a consistent cut)
+and of the sink's output at the end (exactly once, against a batch computation).
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ def check_checkpoint(sim: Sim, meta: Metadata) -> None:
         raise SimFailure(f"checkpoint {cid} completed without acks of {missing + unsent}")
     if sim.completed and cid <= max(sim.completed):
         raise SimFailure(f"checkpoint {cid} completed after checkpoint {max(sim.completed)}")
+    held, want = sim.storage.completed_ids(), [*sim.completed, cid][-sim.storage.retain:]
+    if held != want:
+        raise SimFailure(f"retention: after checkpoint {cid} completed, storage holds checkpoints {held}; it must "
+                         f"hold the newest {sim.storage.retain} completed, {want}")
     stored = sim.storage.load_metadata(cid)  # verified below: every file read back with every check
     sim.completed.append(cid)
     sim.note(f"completed {cid} final={meta.final}")
