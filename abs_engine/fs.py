@@ -2,7 +2,7 @@
 (``s3://``, ``gs://``, ``abfs://``, ``hdfs://``, ``viewfs://``).
 
 Local paths (plain or ``file://``) stay with the callers' descriptor-based code, which
-refuses symlinks and FIFOs (checkpoint/storage.py); this module is the layer for
+refuses symlinks and FIFOs (checkpoint/stores.py, safe_io.py); this module is the layer for
 everything else. Why pyarrow.fs and not fsspec: pyarrow is already a dependency (Spark
 partitions travel as Arrow batches), its S3/GCS/Azure/HDFS clients are the C++ ones with
 no further Python packages, and its API is small and typed; fsspec would add s3fs and
@@ -15,7 +15,7 @@ Invariants:
   renamed into place.
 - Every read is bounded: the size is looked up first and a file larger than the caller's
   limit is refused unread; at most ``limit + 1`` bytes are ever read.
-- Names joined below a root are plain names (``checkpoint.storage.is_plain_name``); a path
+- Names joined below a root are plain names (``checkpoint.safe_io.is_plain_name``); a path
   never climbs out of its root.
 - URIs shown in errors and logs never carry credentials (``redact``).
 - Every failure of the store is an ``OSError`` subclass (``StoreError``) naming the URI.

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from abs_engine import codec, messages  # noqa: E402
 from abs_engine.checkpoint.coordinator import CheckpointCoordinator  # noqa: E402
 from abs_engine.checkpoint.storage import CheckpointStorage  # noqa: E402
-from abs_engine.simulation import MemoryStorage  # noqa: E402
+from abs_engine.simulation.storage import MemoryStore  # noqa: E402
 
 
 def one_size(n: int, checkpoints: int, storage: CheckpointStorage) -> dict[str, float]:
@@ -61,7 +61,7 @@ def main() -> int:
     args = ap.parse_args()
     rows = []
     for n in args.tasks:
-        mem = one_size(n, args.checkpoints, MemoryStorage(3))
+        mem = one_size(n, args.checkpoints, CheckpointStorage(MemoryStore(), 3))
         with tempfile.TemporaryDirectory() as d:
             disk = one_size(n, max(20, args.checkpoints // 10), CheckpointStorage(d, 3))
         rows.append((mem, disk))

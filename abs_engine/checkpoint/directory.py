@@ -18,7 +18,7 @@ Checked at start, before the lock is taken or anything is written (``prepare``),
 
 Then it is made private: created ``0700`` (an existing one is narrowed to ``0700``), and
 everything the engine writes below it is ``0600`` files in ``0700`` directories
-(storage.py, lock.py, fence.py, fs.LocalDir(private=True)), so another local user can read
+(stores.py and safe_io.py, lock.py, fence.py, fs.LocalDir(private=True)), so another local user can read
 no record of the job, and cannot take its lock.
 """
 

@@ -1,8 +1,10 @@
-"""Checkpoints on a remote store (``s3://``, ``gs://``, ``hdfs://``...), and the one entry
-point that picks local or remote storage from a location.
+"""Checkpoints on a remote store (``s3://``, ``gs://``, ``hdfs://``...): ``RemoteStore``, the
+``CheckpointStore`` (stores.py) whose bytes move through ``abs_engine.fs.Store``; and the
+entry points that pick local or remote from a location (storage, a worker's state-file
+write and read, where the job's lock lives).
 
-The layout and the checks are those of storage.py (``ROOT/chk-000042/<task>.<tag>.state``
-and ``_metadata``); only the bytes move through ``abs_engine.fs.Store``. Invariants:
+The layout and the logic are storage.py's (``ROOT/chk-000042/<task>.<tag>.state`` and
+``_metadata``); only the bytes move differently. Invariants:
 - The commit rule object stores honour: state files first, then ``_metadata`` in one
   atomic put, last (no rename on S3); a checkpoint without ``_metadata`` does not exist.
   A reader never sees half a metadata object, so a crash at any moment leaves either the
@@ -27,10 +29,9 @@ from .. import fs
 from ..errors import CheckpointError, CheckpointErrorReason
 from .incremental import ChainRef, load_chain
 from .snapshot_file import TaskSnapshotData
-from .metadata import Metadata
-from .safe_io import (DIR_RE, MAX_METADATA, MAX_STATE_FILE, METADATA, check_blob, check_name, chk_name,
-                      load_task_snapshot, write_state_file)
+from .safe_io import DIR_RE, MAX_METADATA, METADATA, check_name, chk_name, load_task_snapshot, write_state_file
 from .storage import CheckpointStorage
+from .stores import missing, read_verified
 
 _R = CheckpointErrorReason
 
@@ -46,86 +47,88 @@ def _store(uri: str) -> fs.Store:
         raise _unreachable(e) from e
 
 
-class RemoteStorage(CheckpointStorage):
-    """CheckpointStorage on a remote store; the same contract, the bytes through pyarrow.fs."""
+class RemoteStore:
+    """A ``CheckpointStore`` (stores.py) on a remote store: the bytes through pyarrow.fs."""
 
-    def __init__(self, uri: str, retain: int = 3):
-        if retain < 1:
-            raise ValueError("retain must be >= 1")
-        self.store = _store(uri)
+    def __init__(self, uri: str):
+        self.objects = _store(uri)
         self.root = uri  # workers get the full URI (over the authenticated control link)
-        self.shown = self.store.shown
-        self.retain = retain
+        self.shown = self.objects.shown
 
     def dir_of(self, checkpoint_id: int) -> str:
-        return self.store.show(chk_name(checkpoint_id))
+        return self.objects.show(chk_name(checkpoint_id))
 
     def make_root(self) -> None:
         try:
-            self.store.make_root()
+            self.objects.make_root()
         except fs.StoreError as e:
             raise _unreachable(e) from e
 
-    def ids_on_disk(self) -> list[int]:
+    def ids(self) -> list[int]:
         try:
-            names = self.store.list()
+            names = self.objects.list()
         except fs.StoreError as e:
             raise _unreachable(e) from e
         return sorted(int(m.group(1)) for n in names if (m := DIR_RE.match(n)))
 
-    def _has_metadata(self, checkpoint_id: int) -> bool:
+    def has_metadata(self, checkpoint_id: int) -> bool:
         try:
-            return self.store.exists(chk_name(checkpoint_id), METADATA)
+            return self.objects.exists(chk_name(checkpoint_id), METADATA)
         except fs.StoreError as e:
             raise _unreachable(e, checkpoint_id) from e
 
-    def _put_metadata(self, cid: int, doc: bytes) -> str:
+    def put_metadata(self, checkpoint_id: int, doc: bytes) -> str:
+        """One atomic put: no rename on an object store."""
+        chk = chk_name(checkpoint_id)
         try:
-            self.store.put((chk_name(cid), METADATA), doc)  # the commit point: one atomic put
+            self.objects.put((chk, METADATA), doc)  # the commit point: one atomic put
         except fs.StoreError as e:
-            raise _unreachable(e, cid) from e
-        return self.store.show(chk_name(cid), METADATA)
+            raise _unreachable(e, checkpoint_id) from e
+        return self.objects.show(chk, METADATA)
 
-    def _remove(self, checkpoint_id: int) -> None:
+    def remove(self, checkpoint_id: int) -> None:
         try:
-            self.store.delete_dir(chk_name(checkpoint_id))
+            self.objects.delete_dir(chk_name(checkpoint_id))
         except fs.StoreError:
             pass  # pruning is best effort; the next prune tries again
 
-    def _has_unneeded(self, checkpoint_id: int, files: set[str]) -> bool:
+    def list_files(self, checkpoint_id: int) -> set[str]:
         try:
-            return bool(set(self.store.list(chk_name(checkpoint_id))) - files)
+            return set(self.objects.list(chk_name(checkpoint_id)))
         except fs.StoreError:
-            return False
+            return set()
 
-    def _retire(self, checkpoint_id: int, files: set[str]) -> None:
+    def retire(self, checkpoint_id: int, keep: set[str]) -> None:
         chk = chk_name(checkpoint_id)
         try:
-            self.store.delete_file(chk, METADATA)  # first: from here on it is not a checkpoint
-            for name in self.store.list(chk):
-                if name not in files:
-                    self.store.delete_file(chk, name)
+            self.objects.delete_file(chk, METADATA)  # first: from here on it is not a checkpoint
+            for name in self.objects.list(chk):
+                if name not in keep:
+                    self.objects.delete_file(chk, name)
         except (fs.StoreError, FileNotFoundError):
             pass  # best effort, as pruning; the next prune tries again
 
-    def _read_file(self, checkpoint_id: int, file: str, size: int, sha256: str) -> tuple[bytes, str]:
-        task = file[: -len(".state")] if file.endswith(".state") else file
-        return (_verified(self.store, checkpoint_id, task, file, size, sha256),
-                self.store.show(chk_name(checkpoint_id), file))
-
-    def _read_metadata_raw(self, checkpoint_id: int) -> tuple[bytes, str]:
-        shown = self.store.show(chk_name(checkpoint_id), METADATA)
-        raw = _read(self.store, chk_name(checkpoint_id), METADATA, MAX_METADATA,
+    def read_metadata(self, checkpoint_id: int) -> tuple[bytes, str]:
+        shown = self.objects.show(chk_name(checkpoint_id), METADATA)
+        raw = _read(self.objects, chk_name(checkpoint_id), METADATA, MAX_METADATA,
                     f"checkpoint {checkpoint_id}: metadata {shown}", checkpoint_id, None)
         return raw, shown
 
-    def _read_blobs(self, checkpoint_id: int, meta: Metadata, tasks: list[str]) -> dict[str, tuple[bytes, str]]:
-        out = {}
-        for task in tasks:
-            e = meta.tasks[task]
-            shown = self.store.show(chk_name(checkpoint_id), e.file)
-            out[task] = (_verified(self.store, checkpoint_id, task, e.file, e.size, e.sha256), shown)
-        return out
+    def read_file(self, checkpoint_id: int, file: str, size: int, sha256: str,
+                  task: str | None = None) -> tuple[bytes, str]:
+        chk = chk_name(checkpoint_id)
+        shown = self.objects.show(chk, file)
+        return read_verified(lambda limit, what: _read(self.objects, chk, file, limit, what, checkpoint_id, size),
+                             checkpoint_id, file, size, sha256, shown, task), shown
+
+
+class RemoteStorage(CheckpointStorage):
+    """CheckpointStorage on a remote store: the same logic over a ``RemoteStore``."""
+
+    store: RemoteStore
+
+    def __init__(self, uri: str, retain: int = 3):
+        super().__init__(RemoteStore(uri), retain)
 
 
 def _read(store: fs.Store, chk: str, name: str, limit: int, what: str, checkpoint_id: int,
@@ -134,8 +137,7 @@ def _read(store: fs.Store, chk: str, name: str, limit: int, what: str, checkpoin
     try:
         return store.read((chk, name), limit)
     except FileNotFoundError:
-        reason = _R.MISSING_METADATA if name == METADATA else _R.MISSING_FILE
-        raise CheckpointError(reason, f"{what} is missing", checkpoint_id) from None
+        raise missing(name, what, checkpoint_id) from None
     except fs.TooLarge as e:
         why = ("fails its checksum: it holds more bytes than recorded in the metadata" if size is not None
                else "is larger than the maximum")
@@ -144,18 +146,6 @@ def _read(store: fs.Store, chk: str, name: str, limit: int, what: str, checkpoin
                               checkpoint_id) from None
     except fs.StoreError as e:
         raise _unreachable(e, checkpoint_id) from e
-
-
-def _verified(store: fs.Store, checkpoint_id: int, task: str, name: str, size: int, sha256: str) -> bytes:
-    what = f"checkpoint {checkpoint_id}: state file of task {task} ({store.show(chk_name(checkpoint_id), name)})"
-    check_name(name, what, checkpoint_id)
-    if size > MAX_STATE_FILE:
-        raise CheckpointError(_R.TOO_LARGE, f"{what} is recorded as {size:,} bytes, more than the maximum of "
-                              f"{MAX_STATE_FILE:,}: the metadata is not trustworthy; delete the checkpoint",
-                              checkpoint_id)
-    data = _read(store, chk_name(checkpoint_id), name, size, what, checkpoint_id, size)
-    check_blob(data, size, sha256, what, checkpoint_id)
-    return data
 
 
 # ---- the entry points: a location is a local path or a URI ---------------------------------
@@ -194,13 +184,7 @@ def load_task_state(root: str, checkpoint_id: int, name: str, size: int, sha256:
     every check (storage.py's ``load_task_snapshot`` for local paths)."""
     if not fs.is_remote(root):
         return load_task_snapshot(root, checkpoint_id, name, size, sha256, chain)
-    store = _store(root)
-
-    def read(cid: int, file: str, n: int, sha: str) -> tuple[bytes, str]:
-        task = file[: -len(".state")] if file.endswith(".state") else file
-        return _verified(store, cid, task, file, n, sha), store.show(chk_name(cid), file)
-
-    return load_chain(read, checkpoint_id, (name, size, sha256), chain or [])
+    return load_chain(RemoteStore(root).read_file, checkpoint_id, (name, size, sha256), chain or [])
 
 
 def control_dir(location: str) -> str:

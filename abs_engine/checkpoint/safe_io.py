@@ -2,7 +2,8 @@
 and directory opened relative to its parent with O_NOFOLLOW (a symlink is refused, never
 followed), files opened O_NONBLOCK and required to be regular, reads bounded by a recorded
 size, writes that create exclusively (never over what is planted) and fsync. Reading and
-writing task state files with these checks. See checkpoint/storage.py for the invariants.
+writing task state files with these checks. See checkpoint/stores.py (the local store)
+for the invariants.
 """
 
 from __future__ import annotations
@@ -265,13 +266,21 @@ def check_blob(data: bytes, size: int, sha256: str, what: str, checkpoint_id: in
 # ---- state files ----------------------------------------------------------------------------
 
 
-def read_local(root: str, checkpoint_id: int, file: str, size: int, sha256: str) -> tuple[bytes, str]:
-    """The verified bytes of state file ``file`` of checkpoint ``checkpoint_id``."""
+def task_of(file: str) -> str:
+    """How a state file names its task in messages when the caller does not: its name
+    without ``.state``."""
+    return file[: -len(".state")] if file.endswith(".state") else file
+
+
+def read_local(root: str, checkpoint_id: int, file: str, size: int, sha256: str,
+               task: str | None = None) -> tuple[bytes, str]:
+    """The verified bytes of state file ``file`` of checkpoint ``checkpoint_id`` (of
+    ``task``, as messages say), and its path."""
     shown_dir = os.path.join(root, chk_name(checkpoint_id))
-    task = file[: -len(".state")] if file.endswith(".state") else file
     chk_fd = open_chk(root, checkpoint_id)
     try:
-        return verified_blob(chk_fd, shown_dir, task, file, size, sha256, checkpoint_id), os.path.join(shown_dir, file)
+        return (verified_blob(chk_fd, shown_dir, task or task_of(file), file, size, sha256, checkpoint_id),
+                os.path.join(shown_dir, file))
     finally:
         os.close(chk_fd)
 

@@ -47,14 +47,14 @@ def write_savepoint(source: CheckpointStorage, meta: Metadata, directory: str) -
         target = fs.local_path(directory) + "/" + name
         fs.LocalDir(directory, private=True).make_root()
         fs.LocalDir(target, private=True).make_root()
-    blobs = source._read_blobs(meta.checkpoint_id, meta, list(meta.tasks))  # verified: size and sha256
+    blobs = source.read_blobs(meta.checkpoint_id, meta, list(meta.tasks))  # verified: size and sha256
     for task, entry in meta.tasks.items():
         write_task_state(target, meta.checkpoint_id, entry.file, blobs[task][0])
         for f, size, sha in decode_snapshot(blobs[task][0], blobs[task][1], meta.checkpoint_id).spilled:
-            blob, _ = source._read_file(meta.checkpoint_id, f, size, sha)  # its logs' spill files
+            blob, _ = source.store.read_file(meta.checkpoint_id, f, size, sha)  # its logs' spill files
             write_task_state(target, meta.checkpoint_id, f, blob)
         for ref in meta.chains.get(task, []):  # incremental: the files it builds on come along
-            blob, _ = source._read_file(ref.checkpoint_id, ref.file, ref.size, ref.sha256)
+            blob, _ = source.store.read_file(ref.checkpoint_id, ref.file, ref.size, ref.sha256)
             write_task_state(target, ref.checkpoint_id, ref.file, blob)
     dest = open_storage(target)
     dest.write_metadata(meta)  # last: the savepoint exists from here on

@@ -1,37 +1,36 @@
-"""Durable checkpoint storage on a file system, with the directory distrusted.
+"""Durable checkpoint storage: what a checkpoint is, which one to restore, which to keep.
 
-Layout: ``DIR/chk-000042/`` holds one ``<task>.<tag>.state`` msgpack file per task
+The logic is here, once; the bytes move through a ``CheckpointStore`` (stores.py): a local
+directory (``LocalStore``, descriptor-safe), a remote one (remote.py's ``RemoteStore``), or
+memory (the simulation's, simulation/storage.py), so the simulation runs this retention
+and verification, not a copy.
+
+Layout: ``ROOT/chk-000042/`` holds one ``<task>.<tag>.state`` msgpack file per task
 (written by the workers; the tag names the attempt that wrote it) and ``_metadata``
-(written by the coordinator, last); ``DIR/_lock`` is the job's directory lock (see
-lock.py). The checks below are safe_io.py's; the metadata schema is metadata.py's; the
-state-file format snapshot_file.py's. Invariants:
-- A checkpoint exists iff its ``_metadata`` is present and valid. The metadata is written
-  to a temp file, fsynced, renamed into place, and the directory fsynced.
+(written by the coordinator, last); a local ``ROOT/_lock`` is the job's directory lock
+(see lock.py). The metadata schema is metadata.py's; the state-file format
+snapshot_file.py's. Invariants:
+- A checkpoint exists iff its ``_metadata`` is present and valid; the store's
+  ``put_metadata`` is the commit point.
 - The metadata carries size and sha256 of every state file it references and a sha256 of
   itself; ``verify`` checks all of them, and decodes every state file, before anything is
-  restored. A checkpoint that fails any check is skipped by ``latest_valid``.
+  restored. A checkpoint that fails any check is skipped by ``latest_valid``; a store
+  that cannot be reached (UNREACHABLE) is never skipped past.
 - No pickle: every file is msgpack.
-- Anyone who can write the directory can plant files in it, so nothing found there is
-  trusted: names read from metadata must be plain file names (no separator, no ``..``,
-  not absolute, no leading dot); every file and directory is opened relative to its
-  parent's descriptor with ``O_NOFOLLOW`` (a symlink is refused, never followed), files
-  with ``O_NONBLOCK`` (a FIFO cannot block the open) and must be regular files
-  (``fstat``); reads are bounded by the recorded size (or ``MAX_METADATA``), so a file
-  that grows, or a device, cannot exhaust memory.
-- Private: checkpoint directories are made 0700 and files 0600 (checkpoint/directory.py
-  makes the root 0700), so no other local user reads a record of the job.
-- Writes never follow or overwrite what is planted: directories are made with ``mkdir``
-  and refused if they are symlinks or not directories; files are created with
-  ``O_CREAT | O_EXCL | O_NOFOLLOW``. Pruning unlinks a symlinked ``chk-N``, never follows it.
-- The root given to ``CheckpointStorage`` is resolved once (``realpath``): the user chose
-  it; below it, no symlink is followed. The low-level functions refuse a symlinked root.
+- Nothing read back is trusted: names read from metadata must be plain file names (no
+  separator, no ``..``, not absolute, no leading dot: checked when the metadata is parsed,
+  and again by the store before it reads), and every read is bounded by the recorded size
+  (or ``MAX_METADATA``).
+- Retention (``prune``) keeps the newest ``retain`` completed checkpoints (``retained``)
+  and every file they, or running tasks, may still build on; it never touches a
+  directory newer than the newest completed checkpoint (in progress).
+- The root given to ``CheckpointStorage`` as a path is resolved once (``realpath``): the
+  user chose it; below it, the local store follows no symlink.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import stat
 import time
 from typing import Any
 
@@ -40,98 +39,53 @@ from . import spill
 from .incremental import load_chain, merge, referenced
 from .snapshot_file import TaskSnapshotData, decode_snapshot
 from .metadata import Metadata, encode_metadata, parse_metadata
-from .safe_io import (METADATA, METADATA_TMP, MAX_METADATA, DIR_RE, chk_name, check_name, unsafe_kind,
-                      open_root, open_chk, read_at, verified_blob, read_local, create_exclusive)
+from .safe_io import check_name
+from .stores import CheckpointStore, LocalStore
 
 _R = CheckpointErrorReason
 
-# ---- the storage ------------------------------------------------------------------------------
+
+def retained(completed: list[int], retain: int) -> set[int]:
+    """The completed checkpoints (ascending) retention keeps: the newest ``retain``."""
+    return set(completed[-retain:])
 
 
 class CheckpointStorage:
-    def __init__(self, root: str, retain: int = 3):
+    """Checkpoints in ``store`` (or a local directory, given as a path), the newest
+    ``retain`` kept."""
+
+    def __init__(self, store: CheckpointStore | str, retain: int = 3):
         if retain < 1:
             raise ValueError("retain must be >= 1")
-        self.root = os.path.realpath(root)
-        self.shown = self.root  #: how the root appears in messages (a URI without credentials)
+        self.store: CheckpointStore = LocalStore(os.path.realpath(store)) if isinstance(store, str) else store
+        self.root = self.store.root
+        self.shown = self.store.shown  #: how the root appears in messages (a URI without credentials)
         self.retain = retain
 
     def dir_of(self, checkpoint_id: int) -> str:
-        return os.path.join(self.root, chk_name(checkpoint_id))
+        return self.store.dir_of(checkpoint_id)
+
+    def make_root(self) -> None:
+        self.store.make_root()
 
     def ids_on_disk(self) -> list[int]:
         """Every ``chk-N`` entry (directory or not: anything planted is reported by verify),
         with or without valid metadata, ascending. Other names (``_lock``) are ignored."""
-        if not os.path.isdir(self.root):
-            return []
-        ids = [int(m.group(1)) for n in os.listdir(self.root) if (m := DIR_RE.match(n))]
-        return sorted(ids)
-
-    def _has_metadata(self, checkpoint_id: int) -> bool:
-        """Something named ``_metadata`` is in a real ``chk-N`` directory (validity is
-        checked on load; a planted link or FIFO counts, so that it is reported)."""
-        d = self.dir_of(checkpoint_id)
-        if unsafe_kind(d) is not None:
-            return os.path.islink(d)  # a planted link is a candidate, reported as UNSAFE_PATH
-        return os.path.lexists(os.path.join(d, METADATA))
+        return self.store.ids()
 
     def completed_ids(self) -> list[int]:
         """Checkpoints whose metadata file is present (validity is checked on load)."""
-        return [i for i in self.ids_on_disk() if self._has_metadata(i)]
+        return [i for i in self.ids_on_disk() if self.store.has_metadata(i)]
 
     # ---- writing ------------------------------------------------------------------------
 
     def write_metadata(self, meta: Metadata) -> str:
-        """Commit a checkpoint: ``_metadata`` written to an exclusive temp file, fsynced,
-        renamed into place, the directories fsynced. Refuses unsafe names (UNSAFE_PATH)."""
+        """Commit a checkpoint: its ``_metadata``, put atomically by the store. Refuses
+        unsafe names (UNSAFE_PATH)."""
         cid = meta.checkpoint_id
         for task, e in meta.tasks.items():
             check_name(e.file, f"checkpoint {cid}: state file of task {task}", cid)
-        return self._put_metadata(cid, encode_metadata(meta))
-
-    def _put_metadata(self, cid: int, doc: bytes) -> str:
-        """Make ``doc`` the checkpoint's ``_metadata``, atomically (the commit point)."""
-        d = self.dir_of(cid)
-        chk_fd = open_chk(self.root, cid, create=True)
-        try:
-            try:
-                os.unlink(METADATA_TMP, dir_fd=chk_fd)  # a stale temp (or a link: removed, not followed)
-            except FileNotFoundError:
-                pass
-            except IsADirectoryError:
-                raise CheckpointError(_R.UNSAFE_PATH, f"{os.path.join(d, METADATA_TMP)} is a directory: remove it",
-                                      cid) from None
-            create_exclusive(chk_fd, METADATA_TMP, doc, os.path.join(d, METADATA_TMP), cid)
-            try:
-                os.replace(METADATA_TMP, METADATA, src_dir_fd=chk_fd, dst_dir_fd=chk_fd)
-            except IsADirectoryError:
-                raise CheckpointError(_R.UNSAFE_PATH, f"{os.path.join(d, METADATA)} is a directory: remove it",
-                                      cid) from None
-            os.fsync(chk_fd)
-        finally:
-            os.close(chk_fd)
-        root_fd = open_root(self.root)
-        try:
-            os.fsync(root_fd)  # the chk-N entry itself must survive a power loss
-        finally:
-            os.close(root_fd)
-        return os.path.join(d, METADATA)
-
-    def _remove(self, checkpoint_id: int) -> None:
-        """Delete ``chk-N``: a link or file is unlinked (never followed), a directory removed
-        with rmtree (which does not follow links inside it)."""
-        d = self.dir_of(checkpoint_id)
-        try:
-            st = os.lstat(d)
-        except FileNotFoundError:
-            return
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(d, ignore_errors=True)
-        else:
-            try:
-                os.unlink(d)
-            except OSError:
-                pass
+        return self.store.put_metadata(cid, encode_metadata(meta))
 
     def prune(self, protect: dict[int, set[str]] | None = None) -> list[int]:
         """Keep the newest ``retain`` completed checkpoints; delete older ones and orphans
@@ -141,7 +95,7 @@ class CheckpointStorage:
         directory holding such files only loses its ``_metadata`` and its other files
         (checkpoint/incremental.py). Returns the ids that are no longer checkpoints."""
         completed = self.completed_ids()
-        keep = set(completed[-self.retain :])
+        keep = retained(completed, self.retain)
         newest = completed[-1] if completed else 0
         metas = []
         for i in sorted(keep):
@@ -157,103 +111,37 @@ class CheckpointStorage:
             if i in keep or i > newest:
                 continue
             if i in needed:
-                if self._has_metadata(i) or self._has_unneeded(i, needed[i]):
-                    self._retire(i, needed[i])
+                if self.store.has_metadata(i) or self.store.list_files(i) - needed[i]:
+                    self.store.retire(i, needed[i])
                     removed.append(i)
                 continue
-            self._remove(i)
+            self.store.remove(i)
             removed.append(i)
         return removed
-
-    def _has_unneeded(self, checkpoint_id: int, files: set[str]) -> bool:
-        try:
-            return bool(set(os.listdir(self.dir_of(checkpoint_id))) - files)
-        except OSError:
-            return False
-
-    def _retire(self, checkpoint_id: int, files: set[str]) -> None:
-        """``chk-N`` stops being a checkpoint (its ``_metadata`` goes first) but keeps
-        ``files``, which others reference; everything else in it is deleted. A link is
-        unlinked, never followed."""
-        try:
-            chk_fd = open_chk(self.root, checkpoint_id)
-        except CheckpointError:
-            self._remove(checkpoint_id)  # a planted link or file: nothing of ours is behind it
-            return
-        try:
-            names = os.listdir(chk_fd)
-            for name in sorted(names, key=lambda n: n != METADATA):  # _metadata first
-                if name in files:
-                    continue
-                try:
-                    os.unlink(name, dir_fd=chk_fd)
-                except IsADirectoryError:
-                    shutil.rmtree(os.path.join(self.dir_of(checkpoint_id), name), ignore_errors=True)
-                except OSError:
-                    pass
-            os.fsync(chk_fd)
-        finally:
-            os.close(chk_fd)
 
     def remove_orphans_after(self, checkpoint_id: int) -> list[int]:
         """At a restart: directories newer than the checkpoint restored from are from the
         failed attempt (incomplete or unusable); delete those without metadata."""
         removed = []
         for i in self.ids_on_disk():
-            if i > checkpoint_id and not self._has_metadata(i):
-                self._remove(i)
+            if i > checkpoint_id and not self.store.has_metadata(i):
+                self.store.remove(i)
                 removed.append(i)
         return removed
 
     # ---- reading ------------------------------------------------------------------------
 
     def load_metadata(self, checkpoint_id: int) -> Metadata:
-        """The metadata of a checkpoint, read safely (bounded by MAX_METADATA, no link
-        followed, a FIFO never waited on) and validated field by field."""
-        raw, path = self._read_metadata_raw(checkpoint_id)
+        """The metadata of a checkpoint, read safely (bounded by MAX_METADATA, nothing
+        followed) and validated field by field."""
+        raw, path = self.store.read_metadata(checkpoint_id)
         return parse_metadata(raw, checkpoint_id, path)
 
-    def _read_metadata_raw(self, checkpoint_id: int) -> tuple[bytes, str]:
-        """The bytes of ``_metadata`` (bounded by MAX_METADATA) and how its path is shown;
-        MISSING_METADATA if there is none."""
-        path = os.path.join(self.dir_of(checkpoint_id), METADATA)
-        try:
-            chk_fd = open_chk(self.root, checkpoint_id)
-        except CheckpointError as e:
-            if e.reason is _R.NOT_FOUND:
-                raise CheckpointError(_R.MISSING_METADATA, f"checkpoint {checkpoint_id} has no metadata ({e})",
-                                      checkpoint_id) from None
-            raise
-        try:
-            raw = read_at(chk_fd, METADATA, None, MAX_METADATA, f"checkpoint {checkpoint_id}: metadata {path}",
-                           checkpoint_id)
-        except CheckpointError as e:
-            if e.reason is _R.MISSING_FILE:
-                raise CheckpointError(_R.MISSING_METADATA, f"checkpoint {checkpoint_id} has no metadata ({path})",
-                                      checkpoint_id) from None
-            raise
-        finally:
-            os.close(chk_fd)
-        return raw, path
-
-    def _read_blobs(self, checkpoint_id: int, meta: Metadata, tasks: list[str]) -> dict[str, tuple[bytes, str]]:
+    def read_blobs(self, checkpoint_id: int, meta: Metadata, tasks: list[str]) -> dict[str, tuple[bytes, str]]:
         """The verified bytes of the given tasks' state files (size and sha256 as in
         ``meta``), each with how its path is shown."""
-        d = self.dir_of(checkpoint_id)
-        chk_fd = open_chk(self.root, checkpoint_id)
-        try:
-            out = {}
-            for task in tasks:
-                e = meta.tasks[task]
-                blob = verified_blob(chk_fd, d, task, e.file, e.size, e.sha256, checkpoint_id)
-                out[task] = (blob, os.path.join(d, e.file))
-            return out
-        finally:
-            os.close(chk_fd)
-
-    def _read_file(self, checkpoint_id: int, file: str, size: int, sha256: str) -> tuple[bytes, str]:
-        """The verified bytes of one state file (of this or an earlier checkpoint: a chain's)."""
-        return read_local(self.root, checkpoint_id, file, size, sha256)
+        entries = {t: meta.tasks[t] for t in tasks}
+        return {t: self.store.read_file(checkpoint_id, e.file, e.size, e.sha256, t) for t, e in entries.items()}
 
     def _snapshots(self, checkpoint_id: int, meta: Metadata, tasks: list[str] | None = None,
                    keep_spilled: bool = True) -> dict[str, TaskSnapshotData]:
@@ -261,15 +149,15 @@ class CheckpointStorage:
         (verification only): spill files are checked one at a time and not kept."""
         tasks = list(meta.tasks) if tasks is None else tasks
         plain = [t for t in tasks if t not in meta.chains]
-        blobs = self._read_blobs(checkpoint_id, meta, plain)
-        out = {task: spill.attach(decode_snapshot(blob, f"{shown} (task {task})", checkpoint_id), self._read_file,
+        blobs = self.read_blobs(checkpoint_id, meta, plain)
+        read = self.store.read_file
+        out = {task: spill.attach(decode_snapshot(blob, f"{shown} (task {task})", checkpoint_id), read,
                                   checkpoint_id, keep_spilled)
                for task, (blob, shown) in blobs.items()}
         for t in tasks:
             if t in meta.chains:
                 e = meta.tasks[t]
-                out[t] = load_chain(self._read_file, checkpoint_id, (e.file, e.size, e.sha256), meta.chains[t],
-                                    keep_spilled)
+                out[t] = load_chain(read, checkpoint_id, (e.file, e.size, e.sha256), meta.chains[t], keep_spilled)
         for t, snap in out.items():
             if snap.deltas and t not in meta.chains:
                 raise CheckpointError(_R.CORRUPT_STATE, f"checkpoint {checkpoint_id}: the state file of task {t} "

@@ -6,8 +6,8 @@ barrier alignment, back-edge and unaligned channel-state logging, read-ahead, ga
 snapshots in the production state-file format, control messages encoded and decoded as
 over a socket -- with its channels and control link in memory (runtime/memory.py), a
 manual clock and a writer that writes at once. Around it, the real CheckpointCoordinator,
-storage's latest_valid / prune / remove_orphans_after, and the production decoding and
-replay of a restore. No processes, sockets, threads, sleeps or wall clock: a scheduler
+the real CheckpointStorage (commit, verify, latest_valid, prune, remove_orphans_after,
+read_snapshot) over a store in memory, and the production replay of a restore. No processes, sockets, threads, sleeps or wall clock: a scheduler
 seeded with ``random.Random(seed)`` picks every step, so the same seed gives the same trace.
 
 Model. Each step the scheduler picks one enabled event: a task takes the next frame of an
@@ -31,7 +31,8 @@ Invariants checked (a violation raises SimFailure; the CLI prints a reproduction
   a multiset (exactly once): for ``dag*`` every (key, running count) once; for ``cycle``
   every token once, leaving the loop with its initial amount;
 - in every completed checkpoint: it has an acknowledgement of this attempt from every task
-  and verifies in storage; ids complete in increasing order; the cut is consistent --
+  and verifies in storage; ids complete in increasing order; storage then holds exactly
+  the newest ``retain`` completed checkpoints (retention); the cut is consistent --
   dag: the counters' counts are exactly the records below the sources' offsets and the
   sink holds one record per count; cycle (conservation): money in the step tasks'
   balances + money of the records in back-edge logs == money of the records below the
@@ -48,8 +49,10 @@ Simplifications versus a job: a task is one operator and one subtask (no chains)
 are unbounded (a worker always reads back-edges, so bounded ones cannot deadlock); a
 snapshot file is written and acknowledged at once; no stop-the-world mode, no generation
 fencing (stale messages die with the crash), no corrupt files; the driver routes messages
-to the coordinator with checkpoint/routing.py, as the job's attempt driver does. Storage (``--storage``): ``memory`` (default) or
-``disk``, the real CheckpointStorage in a temporary directory (simulation/storage.py).
+to the coordinator with checkpoint/routing.py, as the job's attempt driver does. Storage
+(``--storage``, simulation/storage.py): the real CheckpointStorage over ``memory`` (the
+default: the memory store, a CheckpointStore of bytes in a dict) or ``disk`` (the local
+store, in a temporary directory).
 
 Modes (``--mode``): ``aligned`` (ABS), ``unaligned`` (every task triggered at once,
 snapshots at the trigger or the first barrier, logs every input until its barrier:
@@ -61,7 +64,9 @@ Deliberate bugs (``--bug``), to prove the oracle can fail: ``non-transactional-s
 production code (simulation/mutations.py): ``no-align`` (inputs blocked by alignment are
 read), ``no-replay`` (a restore forgets its channel state), ``no-channel-state``
 (unaligned snapshots log back-edges only), ``barrier-before-gathered`` (a barrier is
-handled before the records gathered ahead of it are processed).
+handled before the records gathered ahead of it are processed), ``retain-one-fewer``
+(retention keeps one checkpoint fewer than it must, the newest always: only the
+retention check sees it).
 """
 
 from .mutations import BUGS, MUTATIONS

@@ -1,7 +1,8 @@
 """Deliberate bugs: each swaps one production function for a broken one while a seed runs,
 to prove the simulation's oracle catches what it is there to catch. The simulation runs
-the production task (runtime/task.py), so a bug here is a bug of the code that runs in a
-worker, not of a copy of it.
+the production task (runtime/task.py) and the production checkpoint storage
+(checkpoint/storage.py), so a bug here is a bug of the code that runs in a worker or the
+driver, not of a copy of it.
 
 Each mutation names the invariant it breaks; tests/abs_engine/simulation checks every one
 is caught within the seeds CI runs.
@@ -14,6 +15,7 @@ from typing import Any, Callable, Iterator
 from unittest import mock
 
 from .. import codec
+from ..checkpoint import storage as checkpoint_storage
 from ..runtime import restore
 from ..runtime.alignment import BarrierAligner
 from ..runtime.channel_state import ChannelStateLog
@@ -29,6 +31,10 @@ def _never_blocked(self: BarrierAligner, channel: str) -> bool:
 
 def _no_replay(*args: Any, **kwargs: Any) -> list[tuple[int, list[Any]]]:
     return []
+
+
+def _retain_one_fewer(completed: list[int], retain: int) -> set[int]:
+    return set(completed[-max(retain - 1, 1):])  # an off-by-one that still keeps the newest
 
 
 _start_log: Callable[..., Any] = ChannelStateLog.start
@@ -61,6 +67,8 @@ MUTATIONS: dict[str, tuple[str, Any, str, Callable[..., Any]]] = {
                          _log_back_edges_only),
     "barrier-before-gathered": ("records gathered before a barrier processed after the snapshot", Task,
                                 "_on_frame", _barrier_before_gathered),
+    "retain-one-fewer": ("retention deletes an older checkpoint it must keep (recovery still finds the newest)",
+                         checkpoint_storage, "retained", _retain_one_fewer),
 }
 
 BUGS = ("none", NON_TRANSACTIONAL_SINK, *MUTATIONS)

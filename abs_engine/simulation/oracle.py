@@ -1,4 +1,5 @@
-"""The simulation's oracle: what must hold of every completed checkpoint (a consistent cut)
+"""The simulation's oracle: what must hold of every completed checkpoint (verified in
+storage, retention keeping exactly the newest ``retain`` completed ones, a consistent cut)
 and of the sink's output at the end (exactly once, against a batch computation).
 """
 
@@ -7,7 +8,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoint.snapshot_file import decode_snapshot
 from ..checkpoint.metadata import Metadata
 
 if TYPE_CHECKING:
@@ -27,15 +27,19 @@ def check_checkpoint(sim: Sim, meta: Metadata) -> None:
         raise SimFailure(f"checkpoint {cid} completed without acks of {missing + unsent}")
     if sim.completed and cid <= max(sim.completed):
         raise SimFailure(f"checkpoint {cid} completed after checkpoint {max(sim.completed)}")
-    sim.storage.verify(cid)
+    held, want = sim.storage.completed_ids(), [*sim.completed, cid][-sim.storage.retain:]
+    if held != want:
+        raise SimFailure(f"retention: after checkpoint {cid} completed, storage holds checkpoints {held}; it must "
+                         f"hold the newest {sim.storage.retain} completed, {want}")
+    stored = sim.storage.load_metadata(cid)  # verified below: every file read back with every check
     sim.completed.append(cid)
     sim.note(f"completed {cid} final={meta.final}")
     sim.crash_next = sim.rng.random() < sim.crash_after_complete
     # Channel state: what each task logged (back-edges; every input when unaligned).
     states: dict[str, Any] = {}
     logged: dict[str, list[Any]] = {}
-    for t, e in meta.tasks.items():
-        snap = decode_snapshot(sim.storage.read_file(cid, e.file), t)
+    for t in stored.tasks:
+        snap = sim.storage.read_snapshot(cid, t, stored)
         states[t] = snap.states[t]
         logged[t] = [r for recs in snap.logs.values() for r in recs]
     sim.stats["channel_state"] += sum(len(v) for t, v in logged.items() if t == "sink" or

@@ -5,8 +5,9 @@ control link in memory (runtime/memory.py), a ``ManualClock`` and an ``InlineWri
 into the simulated storage. The driver routes the tasks' messages to the real
 ``CheckpointCoordinator`` with the engine's own routing (checkpoint/routing.py, as
 executors/attempt_driver.py does), and mirrors the failover of executors/master.py
-(_attempts); a restore goes through the production decoding and replay
-(checkpoint.snapshot_file.decode_snapshot, runtime/restore.py).
+(_attempts); a restore goes through the production storage (checkpoint/storage.py:
+latest_valid, remove_orphans_after, read_snapshot's checks and decoding, over the memory
+store or a directory) and replay (runtime/restore.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from .. import codec, messages
 from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.pending import AckOutcome
 from ..checkpoint.routing import route
-from ..checkpoint.snapshot_file import decode_snapshot
 from ..runtime import restore
 from ..runtime.chain import Chain
 from ..runtime.channel import InputChannel, OutputChannel
@@ -31,7 +31,7 @@ from ..runtime.task import Task, TaskOptions
 from . import oracle
 from .oracle import SimFailure
 from .mutations import NON_TRANSACTIONAL_SINK
-from .storage import DiskStorage, MemoryStorage
+from .storage import open_storage
 from .topology import Counter as CounterOp
 from .topology import SimSource, Step, TwoPhaseSink, build_topology
 
@@ -68,8 +68,7 @@ class Sim:
             (k, t, "") for t in self.topo.kinds for k in "sca"]
         self.weights = {k: rng.choice(skew) for k in keys}
         self.crash_next = False
-        self.storage: MemoryStorage | DiskStorage = (
-            MemoryStorage(retain) if storage == "memory" else DiskStorage(root or "", retain))
+        self.storage, self.write = open_storage(storage, retain, root)
         self.sources = [t for t, k in self.topo.kinds.items() if k == "source"]
         self.inputs: dict[str, list[Any]] = {}
         rid = 0
@@ -115,7 +114,7 @@ class Sim:
 
     def put(self, task: str) -> Any:
         def put(checkpoint_id: int, name: str, blob: bytes) -> None:
-            self.storage.write_file(checkpoint_id, name, blob)
+            self.write(checkpoint_id, name, blob)
             self.acks_sent.add((checkpoint_id, task))  # the ack follows at once (InlineWriter)
         return put
 
@@ -144,7 +143,7 @@ class Sim:
             replay: list[tuple[int, list[Any]]] = []
             finished = False
             if meta is not None:  # worker.py: restore, replay
-                snap = decode_snapshot(self.storage.read_file(meta.checkpoint_id, meta.tasks[t].file), t)
+                snap = self.storage.read_snapshot(meta.checkpoint_id, t, meta)
                 for name, op in chain.all_operators():
                     if name in snap.states:
                         op.restore(snap.states[name])

@@ -241,7 +241,7 @@ def test_a_chain_that_leaves_the_directory_is_refused(tmp_path):
     ref = metas[-1].chains["count#0"][0]
     bad = Metadata(**{**metas[-1].__dict__, "chains": {"count#0": [ChainRef(ref.checkpoint_id, "../../etc/passwd",
                                                                            ref.size, ref.sha256)]}})
-    storage._put_metadata(2, __import__("abs_engine.checkpoint.storage", fromlist=["x"]).encode_metadata(bad))
+    storage.store.put_metadata(2, __import__("abs_engine.checkpoint.storage", fromlist=["x"]).encode_metadata(bad))
     with pytest.raises(CheckpointError) as info:
         storage.load_metadata(2)
     assert info.value.reason is R.UNSAFE_PATH
@@ -253,7 +253,7 @@ def test_a_delta_file_named_as_full_in_metadata_is_refused(tmp_path):
     stripped = Metadata(**{**metas[-1].__dict__, "chains": {}})
     from abs_engine.checkpoint.metadata import encode_metadata
 
-    storage._put_metadata(2, encode_metadata(stripped))
+    storage.store.put_metadata(2, encode_metadata(stripped))
     with pytest.raises(CheckpointError) as info:
         storage.verify(2)
     assert info.value.reason is R.CORRUPT_STATE
@@ -331,7 +331,7 @@ def test_retention_never_deletes_a_file_a_checkpoint_savepoint_or_task_needs(tmp
             coord.poll()
         elif action == "savepoint" and coord.stats.completed:
             meta = coord.stats.completed[-1]
-            if storage._has_metadata(meta.checkpoint_id) and meta.checkpoint_id not in {c for _, c in savepoints}:
+            if storage.store.has_metadata(meta.checkpoint_id) and meta.checkpoint_id not in {c for _, c in savepoints}:
                 savepoints.append((write_savepoint(storage, meta, str(tmp / "sp")), meta.checkpoint_id))
         check_invariants(storage, coord, tasks, notes, savepoints)
 

@@ -81,12 +81,12 @@ def test_a_damaged_state_object_is_skipped_for_the_previous_checkpoint(remote, d
     checkpoint(remote, 1)
     meta = checkpoint(remote, 2)
     name = (chk_name(2), meta.tasks["a#0"].file)
-    data = remote.store.read(name, 1 << 20)
+    data = remote.store.objects.read(name, 1 << 20)
     if damage == "delete":
-        remote.store.fs.delete_file(remote.store.path(*name))
+        remote.store.objects.fs.delete_file(remote.store.objects.path(*name))
     else:
         changed = {"flip": bytes([data[0] ^ 1]) + data[1:], "truncate": data[:-1], "grow": data + b"x" * 10}[damage]
-        remote.store.put(name, changed)
+        remote.store.objects.put(name, changed)
     restored, skipped = remote.latest_valid("fp")
     assert restored is not None and restored.checkpoint_id == 1
     reason = {"flip": _R.CHECKSUM_MISMATCH, "truncate": _R.CHECKSUM_MISMATCH, "grow": _R.TOO_LARGE,
@@ -103,7 +103,7 @@ def test_metadata_that_reaches_outside_its_checkpoint_is_refused(remote):
     body["tasks"]["a#0"] = ["../ck-elsewhere/a#0.state", *body["tasks"]["a#0"][1:]]
     doc["body"] = codec.pack(body)
     doc["sha256"] = hashlib.sha256(doc["body"]).hexdigest()
-    remote.store.put((chk_name(1), METADATA), codec.pack(doc))
+    remote.store.objects.put((chk_name(1), METADATA), codec.pack(doc))
     with pytest.raises(CheckpointError) as info:
         remote.verify(1)
     assert info.value.reason is _R.UNSAFE_PATH
@@ -126,7 +126,7 @@ def test_an_unreachable_store_fails_the_restore_instead_of_falling_back(remote, 
     def down(*args: object, **kw: object) -> bytes:
         raise fs.StoreError("connection refused")
 
-    monkeypatch.setattr(remote.store, "read", down)
+    monkeypatch.setattr(remote.store.objects, "read", down)
     with pytest.raises(CheckpointError) as info:
         remote.latest_valid("fp")
     assert info.value.reason is _R.UNREACHABLE  # never "restore from checkpoint 1" or from nothing

@@ -17,7 +17,9 @@ from collections import Counter
 import pytest
 
 from abs_engine import simulation
+from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.simulation import oracle
+from abs_engine.simulation.storage import MemoryStore
 from abs_engine.runtime.memory import MemoryLink
 from abs_engine.runtime.task import Task
 from abs_engine.simulation import BUGS, MODES, MUTATIONS, TOPOLOGIES, Sim, SimFailure, reproduction, run_seed
@@ -67,6 +69,7 @@ WHERE = {
     "no-replay": ("cycle", "aligned", 150),  # tokens in flight round the loop lost at a restore
     "no-channel-state": ("cycle", "unaligned", 30),  # records in flight on regular inputs lost
     "barrier-before-gathered": ("dag", "aligned", 30),  # records before a barrier counted after it
+    "retain-one-fewer": ("dag", "aligned", 30),  # the production retention deletes a checkpoint it must keep
 }
 
 
@@ -83,7 +86,7 @@ def test_the_oracle_catches_a_deliberate_bug(bug: str) -> None:
     assert caught is not None, f"bug {bug} went unnoticed for {within} seeds"
     seed, err = caught
     assert ("not exactly once" in err or "consistent cut" in err or "conservation" in err
-            or "tokens logged" in err), err
+            or "tokens logged" in err or err.startswith("retention:")), err
     # The failure reproduces, with the same message.
     assert run_seed(seed, topology, bug=bug, mode=mode) == err
 
@@ -102,6 +105,16 @@ def test_the_tasks_are_the_production_tasks() -> None:
     sim = Sim(3, "cycle")
     assert {type(t) for t in sim.tasks.values()} == {Task}
     assert all(isinstance(ch.wire, MemoryLink) for t in sim.tasks.values() for ch in t.inputs.values())
+
+
+def test_the_storage_is_the_production_storage() -> None:
+    """No mirror: commit, verification, retention and the choice of checkpoint are
+    CheckpointStorage's own, over the memory store (or a directory)."""
+    sim = Sim(3, "dag")
+    assert type(sim.storage) is CheckpointStorage and isinstance(sim.storage.store, MemoryStore)
+    assert {"prune", "verify", "latest_valid", "write_metadata"}.isdisjoint(vars(MemoryStore))
+    sim.run()
+    assert sim.storage.completed_ids() == sim.completed[-sim.storage.retain:]
 
 
 def test_same_seed_same_trace() -> None:
