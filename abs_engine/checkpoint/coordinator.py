@@ -39,7 +39,7 @@ from .. import messages
 from .incremental import ChainRef
 from .pending import AckOutcome, PendingCheckpoint, TaskSnapshot
 from .quiescence import QuiescenceDetector, Verdict
-from .metadata import FileEntry, Metadata
+from .metadata import FileRef, Metadata
 from .storage import CheckpointStorage
 
 
@@ -317,7 +317,7 @@ class CheckpointCoordinator:
             fingerprint=self.fingerprint,
             created=time.time(),
             final=p.final,
-            tasks={t: FileEntry(s.file, s.size, s.sha256) for t, s in p.acks.items()},
+            tasks={t: FileRef(s.file, s.size, s.sha256) for t, s in p.acks.items()},
             alignment_ms={t: s.alignment_ms for t, s in p.acks.items()},
             duration_ms=(now - p.started) * 1000,
             job_id=self.job_id,

@@ -21,7 +21,11 @@ _R = CheckpointErrorReason
 
 
 @dataclass(frozen=True)
-class FileEntry:
+class FileRef:
+    """A file of a checkpoint, as its metadata records it: read bounded by ``size`` and
+    verified against ``sha256`` before a byte of it is decoded. The one (file, size, sha256)
+    type: metadata, restore specs (restore_spec.py) and chains (ChainRef adds the id)."""
+
     file: str
     size: int
     sha256: str
@@ -34,7 +38,7 @@ class Metadata:
     fingerprint: str
     created: float
     final: bool
-    tasks: dict[str, FileEntry]
+    tasks: dict[str, FileRef]
     alignment_ms: dict[str, float]
     duration_ms: float
     #: Identity of the job run that took it ("" when unknown, e.g. older files).
@@ -85,7 +89,7 @@ class Metadata:
         if cid < 0:
             raise ValueError("negative checkpoint id")
         tasks_raw = need("tasks", dict)
-        tasks: dict[str, FileEntry] = {}
+        tasks: dict[str, FileRef] = {}
         for t, e in tasks_raw.items():
             if not isinstance(t, str):
                 raise ValueError(f"task name {t!r} is not a string")
@@ -93,7 +97,7 @@ class Metadata:
                 raise ValueError(f"entry of task {t!r} is not [file, size, sha256]")
             file, size, sha = e
             check_file_fields(f"task {t!r}", file, size, sha)
-            tasks[t] = FileEntry(file, size, sha)
+            tasks[t] = FileRef(file, size, sha)
         alignment_raw = need("alignment_ms", dict)
         alignment: dict[str, float] = {}
         for t, v in alignment_raw.items():
@@ -137,7 +141,7 @@ def check_file_fields(where: str, file: Any, size: Any, sha: Any) -> None:
         raise ValueError(f"{where}: sha256 {sha!r} is not 64 hex digits")
 
 
-def parse_chains(raw: Any, tasks: dict[str, FileEntry], cid: int) -> dict[str, list[ChainRef]]:
+def parse_chains(raw: Any, tasks: dict[str, FileRef], cid: int) -> dict[str, list[ChainRef]]:
     """The chains field, checked: {task: [[checkpoint id < cid, plain file, size, sha256], ...]}
     with ids strictly ascending."""
     if not isinstance(raw, dict):
@@ -163,7 +167,7 @@ def parse_chains(raw: Any, tasks: dict[str, FileEntry], cid: int) -> dict[str, l
     return out
 
 
-def parse_layout(raw: Any, tasks: dict[str, FileEntry]) -> dict[str, Any]:
+def parse_layout(raw: Any, tasks: dict[str, FileRef]) -> dict[str, Any]:
     """The layout field, checked: {"shape": str, "operators": {name: [task ids of ``tasks``]},
     "max_parallelism": int, "keyed": [names of keyed operators]}."""
     if raw == {}:

@@ -28,8 +28,8 @@ from .. import ids
 from ..errors import RescaleError, RescaleErrorReason
 from ..plan import Plan, operator_kind
 from .incremental import ChainRef
-from .metadata import Metadata
-from .restore_spec import FileRef, Inflight, Rescale, RestoreSpec, SamePlan
+from .metadata import FileRef, Metadata
+from .restore_spec import Inflight, Rescale, RestoreSpec, SamePlan
 
 _R = RescaleErrorReason
 
@@ -87,8 +87,7 @@ def _inflight(plan: Plan, index: int, parallelism: int, chain: tuple[str, ...],
 
 
 def _file(meta: Metadata, task: str) -> FileRef:
-    t = meta.tasks[task]
-    return FileRef(t.file, t.size, t.sha256)
+    return meta.tasks[task]
 
 
 def _chain(meta: Metadata, task: str) -> tuple[ChainRef, ...]:

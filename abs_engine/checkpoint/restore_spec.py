@@ -1,8 +1,8 @@
 """What one task restores, as the driver plans it (checkpoint/rescale.py) and a worker
 reads it (runtime/restore.py): one type per case, and one way each travels in a Deploy.
 
-- ``SamePlan``: a checkpoint of the same plan: the task's own state file (with its
-  incremental chain), as recorded in the checkpoint's metadata.
+- ``SamePlan``: a checkpoint of the same plan: the task's own state file (a ``FileRef``,
+  as the checkpoint's metadata records it, with its incremental chain).
 - ``Rescale``: a checkpoint of the same dataflow at another parallelism, or of a changed
   dataflow restored operator by operator: the old subtasks' files to read, which old
   subtasks' state each operator of the new chain rebuilds from, and where channel state is
@@ -20,18 +20,9 @@ from typing import Any, Union
 
 from ..errors import ProtocolError, ProtocolErrorReason
 from .incremental import ChainRef
+from .metadata import FileRef
 
-__all__ = ["FileRef", "Inflight", "Rescale", "RestoreSpec", "SamePlan", "from_data", "to_data"]
-
-
-@dataclass(frozen=True)
-class FileRef:
-    """A file of the checkpoint, as its metadata records it: read bounded by ``size`` and
-    verified against ``sha256`` before a byte of it is decoded."""
-
-    name: str
-    size: int
-    sha256: str
+__all__ = ["Inflight", "Rescale", "RestoreSpec", "SamePlan", "from_data", "to_data"]
 
 
 @dataclass(frozen=True)
@@ -106,7 +97,7 @@ def from_data(data: Any) -> RestoreSpec:
 
 
 def _file(f: FileRef) -> list[Any]:
-    return [f.name, f.size, f.sha256]
+    return [f.file, f.size, f.sha256]
 
 
 def _file_of(raw: Any) -> FileRef:

@@ -29,11 +29,11 @@ def load(restore: RestoreSpec, plan: Plan, spec: TaskSpec, operators: dict[str, 
     root, cid = restore.root, restore.checkpoint_id
     if isinstance(restore, SamePlan):
         own = restore.file
-        return load_task_state(root, cid, own.name, own.size, own.sha256, list(restore.chain))
+        return load_task_state(root, cid, own.file, own.size, own.sha256, list(restore.chain))
     from ..keygroups import key_group, key_group_range
 
     r = restore
-    snaps = {t: load_task_state(root, cid, f.name, f.size, f.sha256, list(r.chains.get(t, ())))
+    snaps = {t: load_task_state(root, cid, f.file, f.size, f.sha256, list(r.chains.get(t, ())))
              for t, f in r.files.items()}
     max_p = r.max_parallelism
     groups = key_group_range(max_p, spec.parallelism, spec.index)

@@ -39,7 +39,7 @@ import pytest
 
 from abs_engine import codec
 from abs_engine.checkpoint.snapshot_file import decode_state
-from abs_engine.checkpoint.metadata import FileEntry, Metadata
+from abs_engine.checkpoint.metadata import FileRef, Metadata
 from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.runtime.alignment import BarrierAligner, Outcome
 from abs_engine.runtime.channel import OutputChannel
@@ -370,7 +370,7 @@ def _write_checkpoint(storage: CheckpointStorage, cid: int, state: dict[str, int
         fingerprint="micro",
         created=time.time(),
         final=False,
-        tasks={TASK: FileEntry(os.path.basename(path), len(blob), digest)},
+        tasks={TASK: FileRef(os.path.basename(path), len(blob), digest)},
         alignment_ms={TASK: 0.0},
         duration_ms=(t3 - t0) * 1000,
     )

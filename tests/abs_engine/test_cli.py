@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from abs_engine import codec
-from abs_engine.checkpoint.metadata import FileEntry, Metadata
+from abs_engine.checkpoint.metadata import FileRef, Metadata
 from abs_engine.checkpoint.safe_io import METADATA
 from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.cli import jsonable, main
@@ -28,7 +28,7 @@ def make_checkpoint(storage: CheckpointStorage, cid: int, states: dict[str, dict
         os.makedirs(storage.dir_of(cid), exist_ok=True)
         with open(os.path.join(storage.dir_of(cid), f"{task}.state"), "wb") as f:
             f.write(blob)
-        tasks[task] = FileEntry(f"{task}.state", len(blob), hashlib.sha256(blob).hexdigest())
+        tasks[task] = FileRef(f"{task}.state", len(blob), hashlib.sha256(blob).hexdigest())
     meta = Metadata(cid, job, "fp-123", 1_700_000_000.0, final, tasks,
                     {t: 1.23456 for t in tasks}, 42.0,
                     layout={"shape": "s", "operators": {op: [t] for t, ops in states.items() for op in ops},

@@ -18,7 +18,7 @@ from abs_engine.checkpoint.coordinator import CheckpointCoordinator
 from abs_engine.checkpoint.incremental import ChainRef, apply, delta
 from abs_engine.checkpoint.remote import open_storage
 from abs_engine.checkpoint.savepoint import write_savepoint
-from abs_engine.checkpoint.metadata import FileEntry, Metadata
+from abs_engine.checkpoint.metadata import FileRef, Metadata
 from abs_engine.checkpoint.safe_io import FORMAT_VERSION, METADATA, write_state_file
 from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.errors import CheckpointError, CheckpointErrorReason

@@ -11,7 +11,7 @@ import pytest
 
 from abs_engine import codec, fs
 from abs_engine.checkpoint.remote import RemoteStorage, load_task_state, open_storage, write_task_state
-from abs_engine.checkpoint.metadata import FileEntry, Metadata, encode_metadata
+from abs_engine.checkpoint.metadata import FileRef, Metadata, encode_metadata
 from abs_engine.checkpoint.safe_io import METADATA, chk_name
 from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
@@ -36,7 +36,7 @@ def checkpoint(storage: RemoteStorage, cid: int, tasks: tuple[str, ...] = ("a#0"
         blob = codec.pack({"task": t, "checkpoint_id": cid, "operators": {"op": codec.pack({"n": cid})},
                            "logs": {}, "finished": False})
         write_task_state(storage.root, cid, f"{t}.state", blob)
-        entries[t] = FileEntry(f"{t}.state", len(blob), hashlib.sha256(blob).hexdigest())
+        entries[t] = FileRef(f"{t}.state", len(blob), hashlib.sha256(blob).hexdigest())
     meta = Metadata(checkpoint_id=cid, job="job", fingerprint="fp", created=1.0, final=final, tasks=entries,
                     alignment_ms={}, duration_ms=1.0, job_id=job_id)
     storage.write_metadata(meta)

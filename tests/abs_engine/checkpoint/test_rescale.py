@@ -8,7 +8,7 @@ import pytest
 from abs_engine import Dataflow
 from abs_engine.checkpoint.rescale import restore_specs
 from abs_engine.checkpoint.restore_spec import Rescale, SamePlan
-from abs_engine.checkpoint.metadata import FileEntry, Metadata
+from abs_engine.checkpoint.metadata import FileRef, Metadata
 from abs_engine.errors import RescaleError, RescaleErrorReason
 from abs_engine.testing import TestingSource
 from operators import FileSink
@@ -24,7 +24,7 @@ def plan(parallelism: int, extra_map: bool = False):  # type: ignore[no-untyped-
 
 
 def meta_of(p, cid: int = 7, final: bool = False) -> Metadata:  # type: ignore[no-untyped-def]
-    tasks = {t.id: FileEntry(f"{t.id}.x.state", 10, "0" * 64) for t in p.tasks}
+    tasks = {t.id: FileRef(f"{t.id}.x.state", 10, "0" * 64) for t in p.tasks}
     return Metadata(checkpoint_id=cid, job="wc", fingerprint=p.fingerprint(), created=0.0, final=final,
                     tasks=tasks, alignment_ms={}, duration_ms=1.0, layout=p.layout())
 
@@ -39,7 +39,7 @@ def test_the_same_plan_restores_one_file_per_task():
     p = plan(2)
     specs = restore_specs(p, meta_of(p), "/ck", 128)
     assert set(specs) == {t.id for t in p.tasks}
-    assert all(isinstance(s, SamePlan) and s.file.name == f"{t}.x.state" for t, s in specs.items())
+    assert all(isinstance(s, SamePlan) and s.file.file == f"{t}.x.state" for t, s in specs.items())
 
 
 @pytest.mark.parametrize("before,after", [(2, 3), (4, 1), (1, 4)])

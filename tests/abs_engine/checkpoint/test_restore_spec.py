@@ -7,7 +7,8 @@ import pytest
 
 from abs_engine import codec
 from abs_engine.checkpoint.incremental import ChainRef
-from abs_engine.checkpoint.restore_spec import FileRef, Inflight, Rescale, SamePlan, from_data, to_data
+from abs_engine.checkpoint.metadata import FileRef
+from abs_engine.checkpoint.restore_spec import Inflight, Rescale, SamePlan, from_data, to_data
 from abs_engine.errors import ProtocolError, ProtocolErrorReason
 
 SAME = SamePlan(7, "/ck", FileRef("count#0.state", 120, "ab" * 32), (ChainRef(5, "count#0.state", 99, "cd" * 32),))

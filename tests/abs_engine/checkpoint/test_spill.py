@@ -108,7 +108,7 @@ def test_a_state_file_with_malformed_spill_references_is_corrupt(tmp_path):
 def test_verification_checks_spill_files_and_reading_the_logs_resolves_them(tmp_path):
     """A checkpoint's verification (what recovery runs before choosing it) reads every
     spill file with its checks, and a damaged one makes the checkpoint invalid."""
-    from abs_engine.checkpoint.metadata import FileEntry, Metadata
+    from abs_engine.checkpoint.metadata import FileRef, Metadata
     from abs_engine.checkpoint.storage import CheckpointStorage
 
     root = str(tmp_path)
@@ -117,7 +117,7 @@ def test_verification_checks_spill_files_and_reading_the_logs_resolves_them(tmp_
     name, size, sha = write(root, "t#0.tag.state", blob)
     storage = CheckpointStorage(root)
     storage.write_metadata(Metadata(checkpoint_id=CID, job="j", fingerprint="f", created=0.0, final=False,
-                                    tasks={"t#0": FileEntry(name, size, sha)}, alignment_ms={}, duration_ms=1.0))
+                                    tasks={"t#0": FileRef(name, size, sha)}, alignment_ms={}, duration_ms=1.0))
     assert storage.verify(CID).checkpoint_id == CID
     assert storage.read_logs(CID, "t#0") == {"a": [1, 2, 3]}
     path = os.path.join(root, "chk-000007", ref[0])

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from abs_engine import codec
-from abs_engine.checkpoint.metadata import FileEntry, Metadata
+from abs_engine.checkpoint.metadata import FileRef, Metadata
 from abs_engine.checkpoint.safe_io import FORMAT_VERSION, MAGIC, METADATA
 from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
@@ -16,7 +16,7 @@ from abs_engine.errors import CheckpointError, CheckpointErrorReason
 FP = "fingerprint-1"
 
 
-def write_state(storage: CheckpointStorage, cid: int, task: str, operators: dict[str, object]) -> FileEntry:
+def write_state(storage: CheckpointStorage, cid: int, task: str, operators: dict[str, object]) -> FileRef:
     """Write a task state file exactly as runtime/task.py::_snapshot + SnapshotWriter do."""
     blob = codec.pack({
         "task": task,
@@ -28,7 +28,7 @@ def write_state(storage: CheckpointStorage, cid: int, task: str, operators: dict
     fname = f"{task}.state"
     with open(os.path.join(d, fname), "wb") as f:
         f.write(blob)
-    return FileEntry(fname, len(blob), hashlib.sha256(blob).hexdigest())
+    return FileRef(fname, len(blob), hashlib.sha256(blob).hexdigest())
 
 
 def make_checkpoint(
@@ -498,7 +498,7 @@ def test_state_file_that_passes_its_checksum_but_is_not_msgpack_is_corrupt_state
     """A bug in whoever wrote the file (not a disk error): typed error, not a msgpack crash."""
     import hashlib
 
-    from abs_engine.checkpoint.metadata import FileEntry
+    from abs_engine.checkpoint.metadata import FileRef
 
     d = storage.dir_of(1)
     os.makedirs(d, exist_ok=True)
@@ -506,7 +506,7 @@ def test_state_file_that_passes_its_checksum_but_is_not_msgpack_is_corrupt_state
     with open(os.path.join(d, "t#0.state"), "wb") as f:
         f.write(blob)
     storage.write_metadata(Metadata(1, "job", FP, 0.0, False,
-                                    {"t#0": FileEntry("t#0.state", len(blob), hashlib.sha256(blob).hexdigest())},
+                                    {"t#0": FileRef("t#0.state", len(blob), hashlib.sha256(blob).hexdigest())},
                                     {"t#0": 0.0}, 1.0))
     with pytest.raises(CheckpointError) as ei:
         storage.read_state(1, "t#0")
@@ -593,7 +593,7 @@ def test_every_non_plain_name_is_unsafe(storage, name):
 
 def test_write_metadata_refuses_unsafe_names(storage):
     with pytest.raises(CheckpointError) as ei:
-        storage.write_metadata(Metadata(1, "job", FP, 0.0, False, {"t#0": FileEntry("../t", 1, "0" * 64)}, {}, 1.0))
+        storage.write_metadata(Metadata(1, "job", FP, 0.0, False, {"t#0": FileRef("../t", 1, "0" * 64)}, {}, 1.0))
     assert ei.value.reason is CheckpointErrorReason.UNSAFE_PATH
     assert not os.path.exists(storage.dir_of(1))
 
@@ -859,7 +859,7 @@ def _undecodable_state(storage: CheckpointStorage, cid: int) -> None:
     with open(os.path.join(d, "read#0.state"), "wb") as f:
         f.write(blob)
     storage.write_metadata(Metadata(cid, "job", FP, 0.0, False,
-                                    {"read#0": FileEntry("read#0.state", len(blob), hashlib.sha256(blob).hexdigest())},
+                                    {"read#0": FileRef("read#0.state", len(blob), hashlib.sha256(blob).hexdigest())},
                                     {}, 1.0))
 
 
@@ -933,7 +933,7 @@ def test_back_edge_records_still_decode_as_tuples(storage):
     with open(state_path(storage, 1, "t#0"), "wb") as f:
         f.write(blob)
     storage.write_metadata(Metadata(1, "job", FP, 0.0, False,
-                                    {"t#0": FileEntry("t#0.state", len(blob), hashlib.sha256(blob).hexdigest())},
+                                    {"t#0": FileRef("t#0.state", len(blob), hashlib.sha256(blob).hexdigest())},
                                     {}, 1.0))
     snap = storage.read_snapshot(1, "t#0")
     assert snap.states == {"op": [1, 2]}

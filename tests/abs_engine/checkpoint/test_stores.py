@@ -15,7 +15,7 @@ import pytest
 
 from abs_engine import codec
 from abs_engine.checkpoint import remote, stores
-from abs_engine.checkpoint.metadata import FileEntry, Metadata
+from abs_engine.checkpoint.metadata import FileRef, Metadata
 from abs_engine.checkpoint.safe_io import MAX_STATE_FILE, METADATA, chk_name
 from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.checkpoint.stores import CheckpointStore, LocalStore
@@ -129,7 +129,7 @@ def _checkpoint(storage: CheckpointStorage, plant: Plant, cid: int) -> Metadata:
         blob = codec.pack({"task": t, "checkpoint_id": cid, "operators": {"op": codec.pack({"n": cid})},
                            "logs": {}, "finished": False})
         plant(cid, f"{t}.state", blob)
-        tasks[t] = FileEntry(f"{t}.state", *_entry(blob))
+        tasks[t] = FileRef(f"{t}.state", *_entry(blob))
     meta = Metadata(checkpoint_id=cid, job="job", fingerprint="fp", created=1.0, final=False, tasks=tasks,
                     alignment_ms={}, duration_ms=1.0)
     storage.write_metadata(meta)

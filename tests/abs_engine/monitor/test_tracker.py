@@ -5,7 +5,7 @@ stays bounded."""
 from __future__ import annotations
 
 from abs_engine import Dataflow, messages
-from abs_engine.checkpoint.metadata import FileEntry, Metadata
+from abs_engine.checkpoint.metadata import FileRef, Metadata
 from abs_engine.executors import config
 from abs_engine.monitor import docs
 from abs_engine.monitor.model import CheckpointStatus
@@ -36,7 +36,7 @@ def ack(cid: int, task: str, size: int = 10, first_seen: float = 0.0, logged: in
 
 def meta(cid: int, tasks: list[str], created: float, sizes: dict[str, int] | None = None) -> Metadata:
     return Metadata(cid, "t", "f", created, False,
-                    {t: FileEntry(f"{t}.state", (sizes or {}).get(t, 10), "0" * 64) for t in tasks},
+                    {t: FileRef(f"{t}.state", (sizes or {}).get(t, 10), "0" * 64) for t in tasks},
                     {t: 1.5 for t in tasks}, 40.0)
 
 
