@@ -34,7 +34,7 @@ def golden_then_killed(build, tmp_path, read, kills: int, seed: int, **run) -> t
 # others: the simulation's topologies.
 @pytest.mark.parametrize("parallelism", [4])
 def test_collatz_loop_exactly_once_under_sigkill(tmp_path, parallelism):
-    n = 30_000
+    n = 15_000
     golden, killed, res = golden_then_killed(
         lambda out: collatz.build_flow(n, out, parallelism), tmp_path, collatz.read_output,
         kills=3, seed=parallelism, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
@@ -45,7 +45,7 @@ def test_collatz_loop_exactly_once_under_sigkill(tmp_path, parallelism):
 
 @pytest.mark.parametrize("parallelism", [4])
 def test_bank_loop_exactly_once_and_conserved_in_every_checkpoint(tmp_path, parallelism):
-    accounts, transfers, seed = 50, 150_000, parallelism
+    accounts, transfers, seed = 50, 75_000, parallelism
     ck = str(tmp_path / "ck")
     golden, killed, res = golden_then_killed(
         lambda out: bank.build_flow(accounts, transfers, seed, out, parallelism), tmp_path, bank.read_output,
@@ -146,7 +146,7 @@ def test_nested_loops_with_keyed_exchanges(tmp_path):
 
 
 def test_bank_stop_the_world_under_sigkill_is_exact_and_conserved(tmp_path):
-    accounts, transfers, seed = 40, 150_000, 7
+    accounts, transfers, seed = 40, 75_000, 7
     ck = str(tmp_path / "ck")
     golden, killed, res = golden_then_killed(
         lambda out: bank.build_flow(accounts, transfers, seed, out, 2), tmp_path, bank.read_output,
@@ -163,7 +163,7 @@ def test_bank_stop_the_world_under_sigkill_is_exact_and_conserved(tmp_path):
 def test_bank_loop_on_the_spark_executor_under_sigkill_is_exact_and_conserved(tmp_path, spark):
     """The cycle on Spark: workers inside a barrier stage, SIGKILLed after checkpoints;
     balances identical to an uninterrupted run, money conserved in every checkpoint."""
-    accounts, transfers, seed, parallelism = 40, 120_000, 21, 2
+    accounts, transfers, seed, parallelism = 40, 60_000, 21, 2
     ck = str(tmp_path / "ck")
     golden, killed, res = golden_then_killed(
         lambda out: bank.build_flow(accounts, transfers, seed, out, parallelism), tmp_path, bank.read_output,
@@ -175,7 +175,7 @@ def test_bank_loop_on_the_spark_executor_under_sigkill_is_exact_and_conserved(tm
         assert bank.conserved_total(storage, cid, accounts) == bank.INITIAL * accounts, cid
 
 
-@pytest.mark.parametrize("before,after", [(2, 3), (4, 1)])  # up and down
+@pytest.mark.parametrize("before,after", [(4, 1)])  # (and up, 2->3, unaligned: executors/test_unaligned.py)
 def test_bank_resumed_at_another_parallelism_under_sigkill_is_exact_and_conserved(tmp_path, before, after):
     """The cycle rescaled: balances re-split by key group, credits in flight on the
     back-edge re-routed to the subtask that now owns their account."""

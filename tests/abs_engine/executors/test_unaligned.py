@@ -76,7 +76,7 @@ def assert_pipeline_cuts_consistent(ck: str, n: int) -> None:
 
 @pytest.mark.parametrize("parallelism", [4])
 def test_pipeline_unaligned_emits_every_record_once_under_sigkills(tmp_path, parallelism):
-    n, sink, ck = 600_000, CapturingSink(tmp_path / "out"), str(tmp_path / "ck")
+    n, sink, ck = 300_000, CapturingSink(tmp_path / "out"), str(tmp_path / "ck")
     chaos = KillOnCheckpoints([1, 3], seed=10 + parallelism)
     res = pipeline(n, sink, parallelism).run(mode="unaligned", checkpoint_interval=0.02, chaos=chaos,
                                              checkpoint_dir=ck, restart_delay=0, retained_checkpoints=10_000)
@@ -88,7 +88,7 @@ def test_pipeline_unaligned_emits_every_record_once_under_sigkills(tmp_path, par
 
 @pytest.mark.parametrize("parallelism", [2])  # (and 4 aligned: tests/examples/test_loops.py)
 def test_collatz_unaligned_is_exact_under_sigkills(tmp_path, parallelism):
-    n, out = 30_000, str(tmp_path / "out.tsv")
+    n, out = 15_000, str(tmp_path / "out.tsv")
     chaos = KillOnCheckpoints([1, 2, 3], seed=parallelism)
     res = collatz.build_flow(n, out, parallelism).run(mode="unaligned", checkpoint_interval=0.05, chaos=chaos,
                                                       checkpoint_dir=str(tmp_path / "ck"), restart_delay=0)
@@ -101,7 +101,7 @@ def test_collatz_unaligned_is_exact_under_sigkills(tmp_path, parallelism):
 def test_bank_unaligned_is_exact_and_conserved_in_every_checkpoint(tmp_path, parallelism):
     """Conservation on every completed checkpoint: balances + credits in flight (back-edge
     logs and regular inputs' channel state alike) == the money the bank started with."""
-    accounts, transfers, seed, ck = 50, 150_000, parallelism, str(tmp_path / "ck")
+    accounts, transfers, seed, ck = 50, 75_000, parallelism, str(tmp_path / "ck")
     out = str(tmp_path / "out.tsv")
     chaos = KillOnCheckpoints([1, 2, 3], seed=20 + parallelism)
     res = bank.build_flow(accounts, transfers, seed, out, parallelism).run(
@@ -152,7 +152,7 @@ def test_a_checkpoint_with_channel_state_rescales_exactly(tmp_path, before, afte
     another parallelism under SIGKILLs: every record emitted once. Records in flight into
     the keyed counts were routed by key group to the subtask that now owns their count; at
     parallelism 1 the sink is fused behind count2 and replays its own channel state there."""
-    n, ck = 600_000, str(tmp_path / "ck")
+    n, ck = 300_000, str(tmp_path / "ck")
     sink = CapturingSink(tmp_path / "out")
     pipeline(n, sink, before).run(mode="unaligned", checkpoint_interval=0.02, checkpoint_dir=ck,
                                   retained_checkpoints=10_000, stop_when=stop_with_channel_state)
@@ -167,12 +167,12 @@ def test_a_checkpoint_with_channel_state_rescales_exactly(tmp_path, before, afte
     assert_pipeline_cuts_consistent(ck, n)  # before and after the rescale
 
 
-@pytest.mark.parametrize("before,after", [(2, 3), (3, 1)])
+@pytest.mark.parametrize("before,after", [(2, 3)])  # (and down, 4->1, aligned: tests/examples/test_loops.py)
 def test_bank_rescaled_from_an_unaligned_checkpoint_is_exact_and_conserved(tmp_path, before, after):
     """The cycle rescaled from an unaligned checkpoint: credits in flight on the back-edge
     and on the loop's regular channels re-routed to the subtask that now owns their account;
     money conserved in every checkpoint before and after."""
-    accounts, transfers, seed = 50, 150_000, before * 10 + after
+    accounts, transfers, seed = 50, 75_000, before * 10 + after
     ck, out = str(tmp_path / "ck"), str(tmp_path / "out.tsv")
     bank.build_flow(accounts, transfers, seed, out, before).run(
         mode="unaligned", checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000,
@@ -190,7 +190,7 @@ def test_bank_rescaled_from_an_unaligned_checkpoint_is_exact_and_conserved(tmp_p
 
 
 def test_unaligned_with_incremental_checkpoints_is_exact_under_sigkills(tmp_path):
-    n, sink, ck = 600_000, CapturingSink(tmp_path / "out"), str(tmp_path / "ck")
+    n, sink, ck = 300_000, CapturingSink(tmp_path / "out"), str(tmp_path / "ck")
     chaos = KillOnCheckpoints([2, 4], seed=6)
     res = pipeline(n, sink, 2).run(mode="unaligned", incremental_checkpoints=True, checkpoint_interval=0.02,
                                    chaos=chaos, checkpoint_dir=ck, restart_delay=0, retained_checkpoints=10_000)
@@ -225,13 +225,13 @@ def spill_files(ck: str) -> int:
     return sum(1 for cid in storage.completed_ids() for f in os.listdir(storage.dir_of(cid)) if ".spill" in f)
 
 
-@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+@pytest.mark.parametrize("mode", ["unaligned"])  # (logs back-edges and regular inputs: every kind of log spills)
 def test_channel_state_past_its_memory_limit_spills_and_stays_exact(tmp_path, mode):
     """channel_state_memory=0: every frame a checkpoint logs goes to a spill file at once
     (back-edges round the bank's loop; every input when unaligned). Money is conserved in
     every completed checkpoint counting the spilled credits, and after SIGKILLs the
     output is exact: the spill files were read back, in order, at each restore."""
-    accounts, transfers, seed, ck = 50, 150_000, 3, str(tmp_path / "ck")
+    accounts, transfers, seed, ck = 50, 75_000, 3, str(tmp_path / "ck")
     out = str(tmp_path / "out.tsv")
     chaos = KillOnCheckpoints([1, 2, 3], seed=31)
     res = bank.build_flow(accounts, transfers, seed, out, 2).run(
