@@ -27,7 +27,7 @@ from abs_engine.monitor import store
 from abs_engine.monitor.dashboard import Dashboard, DashboardError, cookie_name
 from abs_engine.monitor.model import CheckpointStatus
 from abs_engine.monitor.tracker import JobTracker
-from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
+from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints, TestingSource
 from tests.abs_engine.monitor.test_tracker import Clock, plan
 
 
@@ -81,7 +81,11 @@ def test_api_and_metrics_agree_with_the_job(tmp_path) -> None:  # type: ignore[n
     words = [f"w{i}" for i in range(400_000)]
     words[3000] = "stall"
     flow = Dataflow("dash")
-    (flow.source(TestingSource(words), "read", parallelism=2).map(stalls_once(str(tmp_path / "stalled")), "slow")
+    # Each source subtask holds after 100k words (the gate never opens): the job cannot end
+    # before the restart and the checkpoints after it, however slowly it runs (it once did:
+    # under load most checkpoints expired and the input ran out first).
+    source = GatedSource(TestingSource(words), tmp_path / "gate", after=100_000)
+    (flow.source(source, "read", parallelism=2).map(stalls_once(str(tmp_path / "stalled")), "slow")
      .key_by(lambda w: w[-1]).count("count", parallelism=2).sink(CapturingSink(str(tmp_path / "out")), "out"))
     seen: dict[str, Any] = {}
 
