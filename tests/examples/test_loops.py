@@ -17,17 +17,18 @@ from tests.chaos_checks import assert_each_kill_restored
 pytestmark = pytest.mark.slow
 
 
-def golden_then_killed(build, tmp_path, read, kills: int, seed: int, **run) -> tuple[Any, Any, Any]:
-    """The output of an uninterrupted run, and of a run whose workers are SIGKILLed right
-    after its first ``kills`` checkpoint completions (each kill must be followed by a
-    restore from that checkpoint, except one that falls after the final checkpoint)."""
-    golden_out = str(tmp_path / "golden.tsv")
-    build(golden_out).run(mode="none")
+def killed_run(build, tmp_path, read, kills: int, seed: int, **run) -> tuple[Any, Any]:
+    """The output of a run whose workers are SIGKILLed right after its first ``kills``
+    checkpoint completions (each kill must be followed by a restore from that checkpoint,
+    except one that falls after the final checkpoint), and its result. The callers compare
+    the output with an exact oracle: what an uninterrupted run must output (an uninterrupted
+    run's own output was compared too, and equalled the oracle every time: it proved nothing
+    more, at the cost of a second run)."""
     out = str(tmp_path / "killed.tsv")
     chaos = KillOnCheckpoints(range(1, kills + 1), seed=seed)
     res = build(out).run(chaos=chaos, restart_delay=0, **run)
     assert_each_kill_restored(res, chaos, min_kills=1)
-    return read(golden_out), read(out), res
+    return read(out), res
 
 
 # One parallelism end to end (2 unaligned: executors/test_unaligned.py); the protocol at
@@ -35,11 +36,10 @@ def golden_then_killed(build, tmp_path, read, kills: int, seed: int, **run) -> t
 @pytest.mark.parametrize("parallelism", [4])
 def test_collatz_loop_exactly_once_under_sigkill(tmp_path, parallelism):
     n = 15_000
-    golden, killed, res = golden_then_killed(
+    killed, res = killed_run(
         lambda out: collatz.build_flow(n, out, parallelism), tmp_path, collatz.read_output,
-        kills=3, seed=parallelism, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
-    assert golden == collatz.oracle(n)
-    assert killed == golden
+        kills=2, seed=parallelism, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
+    assert killed == collatz.oracle(n)
     assert res.restarts >= 1
 
 
@@ -47,11 +47,10 @@ def test_collatz_loop_exactly_once_under_sigkill(tmp_path, parallelism):
 def test_bank_loop_exactly_once_and_conserved_in_every_checkpoint(tmp_path, parallelism):
     accounts, transfers, seed = 50, 75_000, parallelism
     ck = str(tmp_path / "ck")
-    golden, killed, res = golden_then_killed(
+    killed, res = killed_run(
         lambda out: bank.build_flow(accounts, transfers, seed, out, parallelism), tmp_path, bank.read_output,
         kills=3, seed=10 + parallelism, checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000)
-    assert golden == bank.oracle(accounts, transfers, seed)
-    assert killed == golden
+    assert killed == bank.oracle(accounts, transfers, seed)
     storage = CheckpointStorage(ck)
     ids = storage.completed_ids()
     assert len(ids) >= 3
@@ -133,11 +132,7 @@ def nested_flow(sink: CapturingSink) -> Dataflow:
 def test_nested_loops_with_keyed_exchanges(tmp_path):
     """An outer loop around an inner loop, both through hash exchanges, parallelism 2."""
     expected = sorted((x, *nested_oracle(x)) for x in range(2_000))
-    golden = CapturingSink(tmp_path / "golden")
-    flow = nested_flow(golden)
-    assert len(flow.compile().back_edges) == 2
-    nested_flow(golden).run(mode="none")
-    assert sorted(golden.records()) == expected
+    assert len(nested_flow(CapturingSink(tmp_path / "plan")).compile().back_edges) == 2
     sink = CapturingSink(tmp_path / "out")
     chaos = KillOnCheckpoints([1, 2], seed=3)
     res = nested_flow(sink).run(checkpoint_interval=0.02, chaos=chaos, restart_delay=0)
@@ -148,11 +143,11 @@ def test_nested_loops_with_keyed_exchanges(tmp_path):
 def test_bank_stop_the_world_under_sigkill_is_exact_and_conserved(tmp_path):
     accounts, transfers, seed = 40, 75_000, 7
     ck = str(tmp_path / "ck")
-    golden, killed, res = golden_then_killed(
+    killed, res = killed_run(
         lambda out: bank.build_flow(accounts, transfers, seed, out, 2), tmp_path, bank.read_output,
         kills=3, seed=77, mode="stop-the-world", checkpoint_interval=0.05, checkpoint_dir=ck,
         retained_checkpoints=10_000)
-    assert killed == golden == bank.oracle(accounts, transfers, seed)
+    assert killed == bank.oracle(accounts, transfers, seed)
     storage = CheckpointStorage(ck)
     assert storage.completed_ids()
     for cid in storage.completed_ids():
@@ -165,11 +160,11 @@ def test_bank_loop_on_the_spark_executor_under_sigkill_is_exact_and_conserved(tm
     balances identical to an uninterrupted run, money conserved in every checkpoint."""
     accounts, transfers, seed, parallelism = 40, 60_000, 21, 2
     ck = str(tmp_path / "ck")
-    golden, killed, res = golden_then_killed(
+    killed, res = killed_run(
         lambda out: bank.build_flow(accounts, transfers, seed, out, parallelism), tmp_path, bank.read_output,
         kills=2, seed=31, checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000,
         executor="spark", spark=spark)
-    assert golden == killed == bank.oracle(accounts, transfers, seed)
+    assert killed == bank.oracle(accounts, transfers, seed)
     storage = CheckpointStorage(ck)
     for cid in storage.completed_ids():
         assert bank.conserved_total(storage, cid, accounts) == bank.INITIAL * accounts, cid
