@@ -234,21 +234,16 @@ class LocalStore:
         path = os.path.join(self.dir_of(checkpoint_id), METADATA)
         try:
             chk_fd = open_chk(self.root, checkpoint_id)
+            try:
+                raw = read_at(chk_fd, METADATA, None, MAX_METADATA, f"checkpoint {checkpoint_id}: metadata {path}",
+                               checkpoint_id)
+            finally:
+                os.close(chk_fd)
         except CheckpointError as e:
-            if e.reason is _R.NOT_FOUND:
+            if e.reason in (_R.NOT_FOUND, _R.MISSING_FILE):  # no directory, or no _metadata in it
                 raise CheckpointError(_R.MISSING_METADATA, f"checkpoint {checkpoint_id} has no metadata ({e})",
                                       checkpoint_id) from None
             raise
-        try:
-            raw = read_at(chk_fd, METADATA, None, MAX_METADATA, f"checkpoint {checkpoint_id}: metadata {path}",
-                           checkpoint_id)
-        except CheckpointError as e:
-            if e.reason is _R.MISSING_FILE:
-                raise CheckpointError(_R.MISSING_METADATA, f"checkpoint {checkpoint_id} has no metadata ({path})",
-                                      checkpoint_id) from None
-            raise
-        finally:
-            os.close(chk_fd)
         return raw, path
 
     def read_file(self, checkpoint_id: int, file: str, size: int, sha256: str,
