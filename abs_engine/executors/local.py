@@ -1,8 +1,12 @@
 """The embedded default launcher: one OS process per task on this machine.
 
-Each worker is ``python -m abs_engine.runtime.worker HOST PORT TASK GENERATION`` started
-with this interpreter and this ``sys.path``; its attempt's secret goes in on stdin, one
-hex line, followed by a line with the attempt's TLS material if the job has ``tls`` on.
+Each attempt starts one fork server (runtime/fork_server.py) with this interpreter, this
+``sys.path`` and the attempt's environment, and it forks one worker per task: a worker so
+started skips the interpreter's start and the engine's imports (a quarter of a second of
+CPU each). The attempt's secret goes to the server on stdin, one hex line, followed by a
+line with the attempt's TLS material if the job has ``tls`` on; then the task ids. The
+server reports each worker's pid and, when it has reaped it, its exit status.
+``worker_command``/``spawn_worker`` start one worker on its own (the Spark executor's way).
 ``PYTHONHASHSEED`` is pinned for every worker (as PySpark does) so that hash partitioning
 agrees across workers and restarts.
 """
@@ -10,9 +14,11 @@ agrees across workers and restarts.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Mapping
 
@@ -74,7 +80,165 @@ class LocalProcess:
             pass
 
     def describe_exit(self, code: int) -> str:
-        return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        return describe_exit(code)
+
+
+def describe_exit(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+
+
+class ForkServer:
+    """One attempt's fork server, seen from the launcher: pids and exit statuses as it
+    reports them (a reader thread), stdin to ask for workers and, closed, to end it.
+
+    Each worker is also held by a pidfd, opened when its pid is reported (before the server
+    can reap it, so it names that process and no later one with its pid): signals go
+    through it, and if the server dies its orphaned workers can still be stopped and seen
+    to exit."""
+
+    #: the exit status of a worker whose server died before reporting it
+    LOST = 255
+
+    def __init__(self, driver: tuple[str, int], generation: int, secret: bytes, material: Material | None,
+                 env: dict[str, str]):
+        events_r, events_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "abs_engine.runtime.worker", "--fork-server",
+                                          str(events_w), driver[0], str(driver[1]), str(generation)],
+                                         env=env, stdin=subprocess.PIPE, pass_fds=(events_w,))
+        finally:
+            os.close(events_w)
+        self.events = os.fdopen(events_r, "rb")
+        self.pids: dict[str, int] = {}
+        self.pidfds: dict[int, int] = {}
+        self.exits: dict[int, int] = {}
+        self.gone = False  # its events pipe is closed: no more news
+        self.cond = threading.Condition()
+        self.reader = threading.Thread(target=self._read, name="fork-server-events", daemon=True)
+        self.reader.start()
+        self._send(secret.hex() + "\n" + (material.encode() if material is not None else "") + "\n")
+
+    def _send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(text.encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            pass  # it died: _read sees its events pipe close, and its workers count as exited
+
+    def _read(self) -> None:
+        for line in self.events:
+            parts = line.split()
+            with self.cond:
+                if len(parts) == 3 and parts[0] == b"started":
+                    pid = int(parts[2])
+                    self.pids[parts[1].decode()] = pid
+                    try:
+                        self.pidfds[pid] = os.pidfd_open(pid)
+                    except OSError:
+                        pass  # already reaped: its exit line follows
+                elif len(parts) == 3 and parts[0] == b"exit":
+                    self.exits[int(parts[1])] = int(parts[2])
+                self.cond.notify_all()
+        with self.cond:
+            self.gone = True
+            self.cond.notify_all()
+        self.events.close()
+
+    def fork(self, tasks: list[str], timeout: float = 60.0) -> dict[str, "ForkedProcess"]:
+        self._send("".join(t + "\n" for t in tasks))
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            self.cond.wait_for(lambda: self.gone or all(t in self.pids for t in tasks),
+                               max(0.0, deadline - time.monotonic()))
+        return {t: ForkedProcess(self, t) for t in tasks}
+
+    def status(self, task: str) -> int | None:
+        with self.cond:
+            pid = self.pids.get(task)
+            if pid is not None and pid in self.exits:
+                return self.exits[pid]
+            if not self.gone:
+                return None
+            if pid is None:  # it died before forking this task
+                code = self._server_exit()
+                return code if code not in (0, None) else self.LOST
+            fd = self.pidfds.get(pid)
+            if fd is not None and not select.select([fd], [], [], 0)[0]:
+                return None  # an orphan, still running
+            return self.LOST
+
+    def _server_exit(self) -> int | None:
+        try:
+            return self.proc.wait(timeout=5.0)  # its events pipe closed: it is exiting
+        except subprocess.TimeoutExpired:
+            return None
+
+    def signal(self, task: str, sig: int) -> None:
+        with self.cond:
+            pid = self.pids.get(task)
+            fd = self.pidfds.get(pid) if pid is not None else None
+            if pid is None or pid in self.exits:
+                return
+            try:
+                if fd is not None:
+                    signal.pidfd_send_signal(fd, sig)
+                elif not self.gone:  # not reaped (no exit line yet), so the pid is still its own
+                    os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, tasks: list[str], deadline: float) -> bool:
+        while True:
+            with self.cond:
+                if all(self.status(t) is not None for t in tasks):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                # news arrive from the reader; an orphan's exit (server gone) only by polling
+                self.cond.wait(min(left, 0.05) if self.gone else left)
+
+    def close(self, timeout: float) -> None:
+        """End of the attempt: stdin closed, the server exits (its workers were stopped)."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        reap([self.proc], timeout)
+        self.reader.join(timeout=1.0)
+        with self.cond:
+            for fd in self.pidfds.values():
+                os.close(fd)
+            self.pidfds.clear()
+
+
+class ForkedProcess:
+    """A worker forked by an attempt's fork server (its grandchild: the server reports its
+    exit status)."""
+
+    def __init__(self, server: ForkServer, task: str):
+        self.server, self.task = server, task
+
+    @property
+    def pid(self) -> int | None:
+        return self.server.pids.get(self.task)
+
+    def poll(self) -> int | None:
+        return self.server.status(self.task)
+
+    def kill(self) -> None:
+        self.server.signal(self.task, signal.SIGKILL)
+
+    def dump_stacks(self) -> None:
+        self.server.signal(self.task, signal.SIGUSR1)
+
+    def describe_exit(self, code: int) -> str:
+        pid = self.pid
+        if code == ForkServer.LOST and self.server.gone and (pid is None or pid not in self.server.exits):
+            return f"exited; its status was lost with its fork server (which {describe_exit(self.server.proc.wait())})"
+        return describe_exit(code)
 
 
 def reap(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
@@ -92,26 +256,52 @@ def reap(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
                 pass
 
 
+def _servers(workers: Mapping[str, WorkerProcess]) -> list[ForkServer]:
+    return list({id(w.server): w.server for w in workers.values() if isinstance(w, ForkedProcess)}.values())
+
+
 class LocalLauncher:
-    """Workers as child processes of the driver, on this machine."""
+    """Workers on this machine, forked by one fork server per attempt."""
 
     def __init__(self, host: str = "127.0.0.1"):
         self.host = host
+        self.servers: list[ForkServer] = []
 
     def start(self, tasks: list[str], driver: tuple[str, int], generation: int,
               secret: bytes, material: Material | None = None,
-              env: Mapping[str, str] | None = None) -> dict[str, LocalProcess]:
-        env = worker_env(env)
-        return {t: LocalProcess(spawn_worker(worker_command(driver, t, generation), env, secret, material))
-                for t in tasks}
+              env: Mapping[str, str] | None = None) -> dict[str, WorkerProcess]:
+        server = ForkServer(driver, generation, secret, material, worker_env(env))
+        self.servers.append(server)
+        return dict(server.fork(tasks))
 
     def stop(self, workers: Mapping[str, WorkerProcess], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         for w in workers.values():
             w.kill()
         reap([w.proc for w in workers.values() if isinstance(w, LocalProcess)], timeout)
+        self._end(workers, deadline)
 
     def wait_exit(self, workers: Mapping[str, WorkerProcess], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         reap([w.proc for w in workers.values() if isinstance(w, LocalProcess)], timeout)
+        for server in _servers(workers):
+            mine = [t for t, w in workers.items() if isinstance(w, ForkedProcess) and w.server is server]
+            if not server.wait(mine, deadline):
+                for t in mine:
+                    workers[t].kill()
+        self._end(workers, deadline)
+
+    def _end(self, workers: Mapping[str, WorkerProcess], deadline: float) -> None:
+        for server in _servers(workers):
+            mine = [t for t, w in workers.items() if isinstance(w, ForkedProcess) and w.server is server]
+            server.wait(mine, max(deadline, time.monotonic() + 5.0))  # SIGKILLed: reaped at once
+            server.close(max(0.0, deadline - time.monotonic()) + 5.0)
+            if server in self.servers:
+                self.servers.remove(server)
 
     def close(self) -> None:
-        pass
+        for server in self.servers:
+            for task in list(server.pids):
+                ForkedProcess(server, task).kill()
+            server.close(5.0)
+        self.servers.clear()

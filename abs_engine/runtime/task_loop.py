@@ -1,4 +1,4 @@
-"""The task over sockets: the run loops of a worker process (runtime/worker.py).
+"""The task over sockets: the run loops of a worker process (runtime/worker_run.py).
 
 ``ProcessTask`` is the protocol of runtime/task.py driven by a selector over its input
 channels and control connection. Everything it decides about frames, barriers, snapshots

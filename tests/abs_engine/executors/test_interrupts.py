@@ -12,6 +12,7 @@ import pytest
 
 from abs_engine import JobInterrupted
 from abs_engine.testing import CapturingSink
+from tests.abs_engine.executors.procs import servers_of, workers_of
 from tests.abs_engine.executors.test_rescaling import pipeline, pipeline_oracle
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -34,21 +35,8 @@ def interrupt_after(checkpoints: int, times: int):  # type: ignore[no-untyped-de
 
 
 def my_workers() -> list[int]:
-    """Live (not zombie) worker processes whose parent is this process."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"abs_engine.runtime.worker" in cmd:
-            out.append(int(pid))
-    return out
+    """Live (not zombie) worker processes (and fork servers) this process started."""
+    return sorted(workers_of(os.getpid(), live=True)) + servers_of(os.getpid())
 
 
 @pytest.mark.parametrize("signals,on_signal", [(2, True), (1, False)])

@@ -22,6 +22,7 @@ from abs_engine.errors import CheckpointErrorReason
 from abs_engine.testing import CapturingSink, TestingSource
 
 from .leftover_job import N, build
+from .procs import address, gone, proc_stat, workers_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -36,40 +37,6 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
             return v
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a process, None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return rest[0], int(rest[1])
-
-
-def gone(pid: int) -> bool:
-    st = proc_stat(pid)
-    return st is None or st[0] in ("Z", "X")
-
-
-def workers_of(parent: int | None) -> dict[int, list[str]]:
-    """pid -> argv of the abs-engine workers whose parent is ``parent`` (None: any)."""
-    out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        st = proc_stat(int(name))
-        if st is None or (parent is not None and st[1] != parent):
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = [a.decode() for a in f.read().split(b"\0") if a]
-        except OSError:
-            continue
-        if "abs_engine.runtime.worker" in argv:
-            out[int(name)] = argv
-    return out
 
 
 class Gate:
@@ -129,8 +96,8 @@ def test_impostors_on_the_drivers_port_get_nothing_and_the_job_stays_exact(tmp_p
     # on Spark the workers are children of Spark's Python workers, not of this process
     parent = os.getpid() if executor != "spark" else None
     argv = next(iter(wait_for(lambda: workers_of(parent), 60, "the job's workers").values()))
-    i = argv.index("abs_engine.runtime.worker")
-    host, port, task = argv[i + 1], int(argv[i + 2]), argv[i + 3]
+    host, port = address(argv)
+    task = flow.compile().tasks[0].id
     # What an attacker can read on the workers' command lines is enough to forge a Hello
     # for the next attempt; queue it (and garbage) on the driver's port before the restart.
     attacks = {

@@ -1,0 +1,136 @@
+"""The fork server: one process per attempt that has imported the worker's modules and
+forks the attempt's workers on request (the embedded launcher's way; executors/local.py).
+
+A worker started on its own (``python -m abs_engine.runtime.worker``) spends about a quarter of a
+second of CPU on the interpreter's start and the engine's imports before it does any work;
+at parallelism 4 an attempt has a dozen of them, on two cores a second of wall time before
+the job runs, at every restart. Forked from this process a worker starts in milliseconds.
+
+Command line: ``python -m abs_engine.runtime.worker --fork-server EVENTS_FD HOST PORT
+GENERATION``. It is started per attempt with that attempt's environment, so what
+``/proc/PID/cmdline`` and ``/proc/PID/environ`` of every forked worker show (and the output
+fence reads, checkpoint/fence.py) is the worker module and the attempt's identity, as for
+a worker started on its own.
+
+Protocol, all over pipes only the launcher holds (so nothing to authenticate):
+- stdin: the attempt's secret and TLS material (the two lines a worker reads, runtime/
+  worker.py), then one task id per line: fork a worker for it. End of stdin: exit.
+- EVENTS_FD: ``started TASK PID`` per fork, ``exit PID CODE`` per worker reaped
+  (CODE as ``Popen.returncode``: negative for a signal).
+
+Invariants: the server runs no thread (so forking it is safe); it reaps only its own
+children and reports each exactly once; a forked worker holds none of its pipes.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import traceback
+
+from .worker_run import TLS_LINE_MAX, parse_secret, run_worker
+
+LINE_MAX = TLS_LINE_MAX + 256
+
+
+class _Lines:
+    """Lines read from a file descriptor without a buffered reader (the stdin a forked
+    worker inherits must not hold bytes read ahead)."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buf, self.eof = fd, b"", False
+
+    def fill(self) -> None:
+        data = os.read(self.fd, 65536)
+        if not data:
+            self.eof = True
+        self.buf += data
+        if b"\n" not in self.buf and len(self.buf) > LINE_MAX:
+            raise SystemExit("abs-engine fork server: a line on stdin is too long")
+
+    def take(self) -> list[str]:
+        *lines, self.buf = self.buf.split(b"\n")
+        return [ln.decode("utf-8", "replace") for ln in lines]
+
+    def first_two(self) -> tuple[str, str]:
+        while self.buf.count(b"\n") < 2 and not self.eof:
+            self.fill()
+        lines = self.take()
+        if len(lines) > 2:  # task lines that came with the secret
+            self.buf = b"\n".join(ln.encode() for ln in lines[2:]) + b"\n" + self.buf
+        return (lines + ["", ""])[0], (lines + ["", ""])[1]
+
+
+def serve(args: list[str]) -> int:
+    events_fd, host, port, generation = int(args[0]), args[1], int(args[2]), int(args[3])
+    # The terminal's Ctrl-C reaches the process group; the driver decides what it means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stdin = _Lines(0)
+    secret, material = parse_secret(*stdin.first_two())
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # its wake-up byte is what matters
+    events = os.fdopen(events_fd, "wb", buffering=0)
+    own = (events_fd, wake_r, wake_w)
+
+    def fork(task: str) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in own:
+                    os.close(fd)
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.close(null)
+                code = run_worker(host, port, task, generation, host, secret, material)
+            except BaseException:  # noqa: BLE001 - this is the worker's last word
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        events.write(f"started {task} {pid}\n".encode())
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            events.write(f"exit {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+
+    for task in stdin.take():
+        if task.strip():
+            fork(task.strip())
+    try:
+        while not stdin.eof:
+            ready, _, _ = select.select([0, wake_r], [], [])
+            if wake_r in ready:
+                while True:
+                    try:
+                        if not os.read(wake_r, 512):
+                            break
+                    except BlockingIOError:
+                        break
+            reap()
+            if 0 in ready:
+                stdin.fill()
+                for task in stdin.take():
+                    if task.strip():
+                        fork(task.strip())
+    except BrokenPipeError:
+        return 0  # the launcher is gone: its workers run on until their driver connection ends
+    return 0
