@@ -11,13 +11,15 @@ msgpack-encodable state that reflects exactly the records processed before the b
 is durable (side effects such as publishing output may happen then, and must be
 idempotent: after a crash the notification may come again, or restore() may come first).
 
-Rescaling contract: when a job resumes with another parallelism for an operator,
-``rescale_state(old, index, parallelism, owns)`` builds the state subtask ``index`` restores
-from the states of *all* the operator's old subtasks (``old``, in subtask order), then
-``restore`` gets it. Keyed operators keep only the keys whose key group the new subtask owns
-(``owns(key)``); sources pool their unread splits and deal them out. The default accepts an
-operator without state (every old state None) and refuses one with state
-(RescaleError(STATEFUL_OPERATOR), naming it): override it to make user state rescalable.
+Rescaling contract: when a job resumes with another parallelism for an operator, each new
+subtask's state is built from the states of *all* the operator's old subtasks, then
+``restore`` gets it. A keyed operator declares the shape of its state (``state_layout``:
+keys, timers, a watermark) and the runtime keeps the keys whose key group the new subtask
+owns, once for every operator family (operators/state_layout.py). Any other operator is
+asked: ``rescale_state(old, index, parallelism, owns)`` (``old`` in subtask order); sources
+pool their unread splits and deal them out. The default accepts an operator without state
+(every old state None) and refuses one with state (RescaleError(STATEFUL_OPERATOR), naming
+it): declare a layout or override it to make user state rescalable.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import contextlib
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Generic, TypeVar
+from typing import Any, Callable, ClassVar, ContextManager, Generic, TypeVar
 
 # The rule for a user function that raises on a record: its own module, part of this interface.
 from .record_errors import MESSAGE_MAX as MESSAGE_MAX
@@ -37,6 +39,12 @@ from .record_errors import RecordError as RecordError
 from .record_errors import check_on_error as check_on_error
 from .record_errors import function_label as function_label
 from .record_errors import raised_in as raised_in
+
+# The shape of keyed state, by which the runtime splits it on a rescale: part of this interface.
+from .state_layout import Layout
+from .state_layout import Owns as Owns
+from .state_layout import Part as Part
+from .state_layout import redistribute
 
 T = TypeVar("T")  #: the records a source yields
 
@@ -82,9 +90,6 @@ class OperatorContext:
         return guard
 
 
-Owns = Callable[[Any], bool]  #: key -> whether the new subtask owns the key's key group
-
-
 def stateless_rescale(operator: str, old: list[Any]) -> None:
     """The state of a rescaled operator that keeps none: None, or RescaleError naming it."""
     from abs_engine.errors import RescaleError, RescaleErrorReason  # here: abs_engine imports this module
@@ -113,6 +118,9 @@ class Operator(Guarded, ABC):
     #: its keyed state can be checkpointed incrementally: ``track_changes``,
     #: ``take_changes`` and ``untrack_changes`` (operators/keyed.py, runtime/increments.py).
     incremental: bool = False
+    #: the shape of its keyed state, by which the runtime splits it on a rescale
+    #: (operators/state_layout.py; ``rescale_state`` is then not asked); None: it is.
+    state_layout: ClassVar[Layout | None] = None
     #: Spark task slots it occupies while the job runs (a Spark source reads through jobs of its own).
     spark_slots: int = 0
 
@@ -167,7 +175,11 @@ class Operator(Guarded, ABC):
 
     def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
         """The state of subtask ``index`` of ``parallelism`` from all old subtasks' states
-        (see the module docstring). Default: only an operator without state rescales."""
+        (see the module docstring). Default: the keys (and timers) of its declared
+        ``state_layout`` that the new subtask owns; without one, only an operator without
+        state rescales."""
+        if self.state_layout is not None:
+            return redistribute(self.state_layout, old, owns)
         return stateless_rescale(self.ctx.operator, old)
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from .base import Operator, check_on_error, function_label
+from .state_layout import Part
 
 KeyFn = Callable[[Any], Any] | None
 
@@ -33,6 +34,8 @@ KeyFn = Callable[[Any], Any] | None
 class _Keyed(Operator):
     #: Incremental checkpoints: track key -> value (from the output pairs) instead of keys.
     incremental = True  #: track_changes / take_changes / untrack_changes below
+    #: its state (``snapshot``) is the map key -> value itself
+    state_layout = Part.KEYED
     TRACKS_VALUES = False
 
     def __init__(self, key_fn: KeyFn = None):
@@ -94,15 +97,6 @@ class _Keyed(Operator):
         self.state = dict(state)
         if self.changed is not None:
             self.track_changes()
-
-    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Callable[[Any], bool]) -> Any:
-        """The keys of every old subtask whose key group the new subtask owns (the old
-        subtasks' keys are disjoint: each key lived where its key group was routed)."""
-        mine: dict[Any, Any] = {}
-        for state in old:
-            if state:
-                mine.update((k, v) for k, v in state.items() if owns(k))
-        return mine
 
 
 class Count(_Keyed):

@@ -35,8 +35,9 @@ import msgpack
 
 from abs_engine.codec import freeze
 
-from .base import Operator, OperatorContext, Owns, function_label
+from .base import Operator, OperatorContext, function_label
 from .eventtime import MIN_WATERMARK
+from .state_layout import Part
 from .keyed_process import _ABSENT, KeyState, process_key_label, put_back
 
 EVENT, PROCESSING = 0, 1  #: timer domains
@@ -156,6 +157,8 @@ class TimedOperator(Operator):
     ``restore_keyed`` (a map key -> value, split by key group on a rescale)."""
 
     processing_timers = True
+    #: what ``snapshot`` returns: keys and timers split by key group, the lowest watermark
+    state_layout = {"keys": Part.KEYED, "timers": Part.KEYED_TIMERS, "watermark": Part.LOWEST}
 
     key_fn: Callable[[Any], Any] | None = None
 
@@ -205,20 +208,6 @@ class TimedOperator(Operator):
         self.restore_keyed(dict(state["keys"]))
         self.timers.restore(state["timers"])
         self.watermark = state["watermark"]
-
-    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
-        """Keys and timers by key group; the watermark is the lowest of the old subtasks'
-        (docs/event-time.md: a key that moves may see a record its old subtask would
-        have called late)."""
-        keys: dict[Any, Any] = {}
-        timers: list[Any] = []
-        marks = []
-        for s in old:
-            if s:
-                keys.update((k, v) for k, v in s["keys"].items() if owns(k))
-                timers.extend([d, ts, [k for k in bucket if owns(freeze(k))]] for d, ts, bucket in s["timers"])
-                marks.append(s["watermark"])
-        return {"keys": keys, "timers": timers, "watermark": min(marks) if marks else MIN_WATERMARK}
 
 
 class KeyedTimedProcess(TimedOperator):

@@ -191,8 +191,7 @@ class AttemptDriver:
         written if it is the one asked for (before its notifications are sent)."""
         coord = self.coord
         self.consecutive_expired = 0
-        for stat in self.tracker.completed(meta, coord.mode_of(meta.checkpoint_id)):
-            self.result.add_checkpoint(stat)  # it, and those it subsumed
+        self.tracker.completed(meta, coord.mode_of(meta.checkpoint_id))  # it, and those it subsumed
         if meta.checkpoint_id == coord.savepoint_id or (meta.final and coord.savepoint_requested):
             self._savepoint(meta)  # (the job's final checkpoint came first: it is the savepoint)
 
@@ -223,14 +222,12 @@ class AttemptDriver:
         many in a row (tolerable_failed_checkpoints)."""
         coord, tolerable = self.coord, self.config.tolerable_failed_checkpoints
         for cid, missing in coord.expired:
-            self.result.checkpoints_expired += 1
             self.consecutive_expired += 1
             shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
             why = (f"expired after checkpoint_timeout={self.config.checkpoint_timeout:g}s; "
                    f"not acknowledged by: {shown}")
             self.log(f"checkpoint {cid} {why}")
-            if (stat := self.tracker.ended(cid, CheckpointStatus.FAILED, why)) is not None:
-                self.result.add_checkpoint(stat)
+            self.tracker.ended(cid, CheckpointStatus.FAILED, why)
             if tolerable is not None and self.consecutive_expired > tolerable:
                 coord.expired.clear()
                 raise WorkerFailure(missing[0] if missing else "*", None,
@@ -241,7 +238,7 @@ class AttemptDriver:
 
     def _print_progress(self) -> None:
         elapsed = time.monotonic() - self.started
-        done = self.coord.stats.completed
+        done = self.result.checkpoints
         last = f", last #{done[-1].checkpoint_id} took {done[-1].duration_ms:.0f} ms" if done else ""
         self.log(f"{elapsed:6.1f}s  source records {self.sources.count():,}  "
                  f"checkpoints {self.result.checkpoints_completed}{last}  restarts {self.result.restarts}")

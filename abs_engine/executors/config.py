@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 from ..checkpoint import spill
 from ..errors import ConfigError
-from ..monitor.model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointStat, CheckpointStatus,
-                             RecoveryEvent, SubtaskStat)
+from ..monitor.model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointHistory, CheckpointStat,
+                             CheckpointStatus, RecoveryEvent, SubtaskStat)
 from ..runtime.channel import DEFAULT_BUFFER
 
 MODES = ("aligned", "unaligned", "none", "stop-the-world")
@@ -331,10 +331,6 @@ class JobResult:
     #: had reported, every half second); a resumed run counts only its own.
     source_records: int = 0
     attempt_source_records: list[int] = field(default_factory=list)  #: the same, per attempt
-    #: Completed checkpoints, the most recent KEEP_CHECKPOINT_STATS of them at least.
-    checkpoints: list[CheckpointStat] = field(default_factory=list)
-    checkpoints_completed: int = 0  #: all of them (``checkpoints`` keeps the recent ones)
-    checkpoints_expired: int = 0  #: checkpoints that passed ``checkpoint_timeout``
     skipped_records: int = 0  #: dropped by operators with on_error="skip"
     job_id: str = ""  #: the job's identity in its checkpoints (kept across resumes)
     failures: list[str] = field(default_factory=list)  #: why each failed attempt failed
@@ -345,33 +341,40 @@ class JobResult:
     cancelled: bool = False  #: ``stop_when`` ended the job
     savepoint: str = ""  #: the last savepoint taken (its location)
     stopped_with_savepoint: bool = False  #: a signal stopped the job after its savepoint
-    #: Checkpoints that failed (expired) or were aborted (subsumed, a failover, the job's
-    #: end), each with its reason; the most recent KEEP_CHECKPOINT_STATS of them at least.
-    failed_checkpoints: list[CheckpointStat] = field(default_factory=list)
     #: Every failover: the task that failed and why, the checkpoint restored, the time
     #: until running again (the most recent KEEP_CHECKPOINT_STATS at least).
     recoveries: list[RecoveryEvent] = field(default_factory=list)
     dashboard_url: str = ""  #: where the live dashboard was served ("" without ``dashboard``)
 
-    def add_checkpoint(self, stat: CheckpointStat) -> None:
-        """Record a checkpoint that ended: completed ones in ``checkpoints``, the others in
-        ``failed_checkpoints``; memory stays bounded on a job that runs for ever (subtask
-        details are kept for the KEEP_SUBTASK_DETAILS newest)."""
-        if stat.status is not CheckpointStatus.COMPLETED:
-            _keep(self.failed_checkpoints, stat)
-            return
-        self.checkpoints_completed += 1
-        _keep(self.checkpoints, stat)
+    #: The checkpoints that ended (kept once: the tracker adds to it; the properties below
+    #: read it).
+    history: CheckpointHistory = field(default_factory=CheckpointHistory, repr=False)
 
+    @property
+    def checkpoints(self) -> list[CheckpointStat]:
+        """Completed checkpoints, the most recent KEEP_CHECKPOINT_STATS of them at least."""
+        return self.history.completed
 
-def _keep(items: list[CheckpointStat], item: CheckpointStat) -> None:
-    """Append, keeping at least the KEEP_CHECKPOINT_STATS newest (amortised trimming)."""
-    items.append(item)
-    old = len(items) - 1 - KEEP_SUBTASK_DETAILS
-    if old >= 0 and items[old].subtasks:
-        items[old] = dataclasses.replace(items[old], subtasks=())
-    if len(items) >= 2 * KEEP_CHECKPOINT_STATS:
-        del items[:-KEEP_CHECKPOINT_STATS]
+    @property
+    def failed_checkpoints(self) -> list[CheckpointStat]:
+        """Checkpoints that failed (expired) or were aborted (subsumed, a failover, the
+        job's end), each with its reason; the most recent KEEP_CHECKPOINT_STATS at least."""
+        return self.history.failed
+
+    @property
+    def checkpoints_completed(self) -> int:
+        """All of them (``checkpoints`` keeps the recent ones)."""
+        return self.history.counts.get(CheckpointStatus.COMPLETED, 0)
+
+    @property
+    def checkpoints_expired(self) -> int:
+        """Checkpoints that passed ``checkpoint_timeout`` (the only way one fails)."""
+        return self.history.counts.get(CheckpointStatus.FAILED, 0)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr)
+        return (f"JobResult({fields}, checkpoints_completed={self.checkpoints_completed}, "
+                f"checkpoints_expired={self.checkpoints_expired}, failed={len(self.failed_checkpoints)})")
 
 
 __all__ = ["JobConfig", "JobResult", "CheckpointStat", "CheckpointStatus", "SubtaskStat", "RecoveryEvent",

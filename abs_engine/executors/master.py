@@ -90,8 +90,10 @@ class JobMaster:
         self.signals = Signals(self._log)
         #: Savepoints asked for by ``abs-engine savepoint`` (job_control.py), answered when taken.
         self.requests = SavepointRequests()
-        #: What the dashboard, the metrics and the stored statistics show (monitor/).
-        self.tracker = JobTracker(plan, config.mode, config.checkpoint_interval if config.mode != "none" else None)
+        #: What the dashboard, the metrics and the stored statistics show (monitor/); its
+        #: checkpoint history is the result's (kept once).
+        self.tracker = JobTracker(plan, config.mode, config.checkpoint_interval if config.mode != "none" else None,
+                                  history=self.result.history)
         self.stats_writer: StatsWriter | None = None
         self.highest_id = 0  #: the highest checkpoint id triggered in this run
         #: Restart or fail, after each failed attempt (executors/failover.py).
@@ -168,8 +170,7 @@ class JobMaster:
 
     def _ended(self, state: JobState) -> None:
         """The job is over: pending checkpoints aborted, the statistics stored a last time."""
-        for stat in self.tracker.abort_pending(f"the job ended ({state.value.lower()})"):
-            self.result.add_checkpoint(stat)
+        self.tracker.abort_pending(f"the job ended ({state.value.lower()})")
         self.tracker.set_source_records(self.sources.count())
         self.tracker.finished(state)
         if self.stats_writer is not None:
@@ -231,8 +232,7 @@ class JobMaster:
                     return
                 except WorkerFailure as f:
                     self.result.failures.append(str(f))
-                    for stat in self.tracker.abort_pending(f"job failover: {f.public}", at=f.time):
-                        self.result.add_checkpoint(stat)
+                    self.tracker.abort_pending(f"job failover: {f.public}", at=f.time)
                     if f.operator is None:
                         self.result.workers_lost += 1  # died (a signal, a crash) or went silent
                     verdict = self.failover.on_failure(f, attempt, meta.checkpoint_id if meta is not None else None)

@@ -131,14 +131,13 @@ def _pending_subtasks(tr: "JobTracker", acked: dict[str, SubtaskStat]) -> list[d
 
 
 def checkpoints(tr: "JobTracker") -> dict[str, Any]:
-    completed = [s for s in tr.history if s.status is CheckpointStatus.COMPLETED]
-    failed = [s for s in tr.history if s.status is not CheckpointStatus.COMPLETED]
+    completed, failed = tr.history.completed, tr.history.failed
     savepoints = [s for s in completed if s.mode == "savepoint"]
-    counts = tr.status_counts
-    n_completed = counts[CheckpointStatus.COMPLETED]
-    n_failed = counts[CheckpointStatus.FAILED] + counts[CheckpointStatus.ABORTED]
+    counts = tr.history.counts
+    n_completed = counts.get(CheckpointStatus.COMPLETED, 0)
+    n_failed = counts.get(CheckpointStatus.FAILED, 0) + counts.get(CheckpointStatus.ABORTED, 0)
     history = [_pending_entry(tr, c) for c in sorted(tr.pending, reverse=True)]
-    history += [entry(s) for s in sorted(tr.history, key=lambda s: s.checkpoint_id, reverse=True)[:HISTORY]]
+    history += [entry(s) for s in reversed(tr.history.ended()[-HISTORY:])]
     return {
         "counts": {"restored": tr.restored, "total": n_completed + n_failed + len(tr.pending),
                    "in_progress": len(tr.pending), "completed": n_completed, "failed": n_failed},
@@ -160,7 +159,7 @@ def checkpoint(tr: "JobTracker", cid: int) -> dict[str, Any] | None:
     """One checkpoint with its subtasks; None if it is not (or no longer) known."""
     if cid in tr.pending:
         return {**_pending_entry(tr, cid), "subtasks": _pending_subtasks(tr, tr.pending[cid].subtasks)}
-    for s in reversed(tr.history):
+    for s in reversed(tr.history.ended()):
         if s.checkpoint_id == cid:
             return {**entry(s), "subtasks": [subtask(x) for x in s.subtasks]}
     return None

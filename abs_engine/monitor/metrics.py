@@ -46,9 +46,9 @@ class _TrackerCollector(Collector):
                 rout.add_metric(v, t.records_out)
                 send.add_metric(v, t.send_s)
                 bp.add_metric(v, t.backpressure)
-            counts = dict(tr.status_counts)
+            counts = dict(tr.history.counts)
             restarts, records, pending = tr.restarts, tr.source_records, len(tr.pending)
-            last = next((s for s in reversed(tr.history) if s.status is CheckpointStatus.COMPLETED), None)
+            last = tr.history.completed[-1] if tr.history.completed else None
             up = (tr.end_time or tr.clock()) - tr.start_time
         yield from (rin, rout, send, bp)
         done = CounterMetricFamily("abs_engine_checkpoints", "Checkpoints that ended, by status",

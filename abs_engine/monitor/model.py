@@ -9,11 +9,12 @@ Names follow Flink's checkpoint statistics where Flink has one (its REST API's
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-#: JobResult and the tracker keep the statistics of this many most recent checkpoints (a
-#: long job takes millions); ``checkpoints_completed`` counts them all.
+#: A job's CheckpointHistory keeps the statistics of this many most recent checkpoints of
+#: each kind (a long job takes millions); ``checkpoints_completed`` counts them all.
 KEEP_CHECKPOINT_STATS = 1000
 #: ... and the per-subtask details of this many.
 KEEP_SUBTASK_DETAILS = 100
@@ -118,3 +119,34 @@ class RecoveryEvent:
     #: Seconds from the failure until every task of the new attempt was running again
     #: (None: not running yet, or the job gave up).
     running_after_s: float | None = None
+
+
+@dataclass
+class CheckpointHistory:
+    """Every checkpoint of a job that ended, kept once: the tracker adds to it as they end
+    (monitor/tracker.py), and ``JobResult``, the dashboard's API and the metrics read it.
+    Memory stays bounded on a job that runs for ever: at least the KEEP_CHECKPOINT_STATS
+    newest of each list are kept, subtask details for the KEEP_SUBTASK_DETAILS newest;
+    ``counts`` counts them all. Invariant: a checkpoint is added once, when it ends."""
+
+    completed: list[CheckpointStat] = field(default_factory=list)
+    failed: list[CheckpointStat] = field(default_factory=list)  #: failed and aborted ones
+    counts: dict[CheckpointStatus, int] = field(default_factory=dict)
+
+    def add(self, stat: CheckpointStat) -> None:
+        self.counts[stat.status] = self.counts.get(stat.status, 0) + 1
+        _keep(self.completed if stat.status is CheckpointStatus.COMPLETED else self.failed, stat)
+
+    def ended(self) -> list[CheckpointStat]:
+        """The checkpoints kept, completed or not, by checkpoint id."""
+        return sorted(self.completed + self.failed, key=lambda s: s.checkpoint_id)
+
+
+def _keep(items: list[CheckpointStat], item: CheckpointStat) -> None:
+    """Append, keeping at least the KEEP_CHECKPOINT_STATS newest (amortised trimming)."""
+    items.append(item)
+    old = len(items) - 1 - KEEP_SUBTASK_DETAILS
+    if old >= 0 and items[old].subtasks:
+        items[old] = dataclasses.replace(items[old], subtasks=())
+    if len(items) >= 2 * KEEP_CHECKPOINT_STATS:
+        del items[:-KEEP_CHECKPOINT_STATS]

@@ -26,7 +26,7 @@ from .. import messages
 from ..checkpoint.metadata import Metadata
 from ..plan import Plan
 from . import docs
-from .model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointStat, CheckpointStatus, RecoveryEvent,
+from .model import (KEEP_CHECKPOINT_STATS, CheckpointHistory, CheckpointStat, CheckpointStatus, RecoveryEvent,
                     SubtaskStat)
 
 SAMPLES = 300  #: throughput samples kept, one per SAMPLE_EVERY seconds
@@ -71,7 +71,8 @@ class _Pending:
 
 
 class JobTracker:
-    def __init__(self, plan: Plan, mode: str, interval: float | None, clock: Callable[[], float] = time.time):
+    def __init__(self, plan: Plan, mode: str, interval: float | None, clock: Callable[[], float] = time.time,
+                 history: CheckpointHistory | None = None):
         self.lock = threading.Lock()
         self.clock = clock
         self.plan = plan
@@ -87,8 +88,8 @@ class JobTracker:
         self.source_records = 0
         self.tasks = {t.id: TaskMetrics(t.chain, t.index) for t in plan.tasks}
         self.pending: dict[int, _Pending] = {}
-        self.history: collections.deque[CheckpointStat] = collections.deque(maxlen=KEEP_CHECKPOINT_STATS)
-        self.status_counts: collections.Counter[CheckpointStatus] = collections.Counter()
+        #: The job's checkpoints that ended, kept once (JobResult reads the same object).
+        self.history = history if history is not None else CheckpointHistory()
         self.restored = 0  #: attempts that restored a checkpoint
         self.latest_restored: dict[str, Any] | None = None
         self.recoveries: collections.deque[RecoveryEvent] = collections.deque(maxlen=KEEP_CHECKPOINT_STATS)
@@ -275,11 +276,7 @@ class JobTracker:
 
     def _end(self, stat: CheckpointStat) -> CheckpointStat:
         self.version += 1
-        self.status_counts[stat.status] += 1
-        self.history.append(stat)
-        old = len(self.history) - 1 - KEEP_SUBTASK_DETAILS
-        if old >= 0 and self.history[old].subtasks:
-            self.history[old] = dataclasses.replace(self.history[old], subtasks=())
+        self.history.add(stat)
         return stat
 
     def _notify(self, stats: list[CheckpointStat]) -> None:
@@ -311,7 +308,7 @@ class JobTracker:
             job = docs.job(self)
             job["throughput"] = docs.throughput(list(self.samples), list(self.tasks))
             return {"version": docs.VERSION, "job": job, "checkpoints": docs.checkpoints(self),
-                    "details": {str(s.checkpoint_id): d for s in self.history if s.subtasks
+                    "details": {str(s.checkpoint_id): d for s in self.history.ended() if s.subtasks
                                 if (d := docs.checkpoint(self, s.checkpoint_id)) is not None}}
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from operators.base import Source
+from operators.base import Operator, Source
+from operators.state_layout import redistribute
 
 from ..checkpoint.remote import load_task_state
 from ..checkpoint.restore_spec import Inflight, RestoreSpec, SamePlan
@@ -59,7 +60,9 @@ def load(restore: RestoreSpec, plan: Plan, spec: TaskSpec, operators: dict[str, 
                                f"checkpoint {cid} was taken after some subtasks of operator {name!r} had finished "
                                "their input and emitted their final output: resume from an earlier checkpoint, or "
                                "at the parallelism it ran with", name)
-        states[name] = op.rescale_state(old_states, spec.index, spec.parallelism, owns)
+        layout = op.state_layout if isinstance(op, Operator) else None
+        states[name] = (redistribute(layout, old_states, owns) if layout is not None
+                        else op.rescale_state(old_states, spec.index, spec.parallelism, owns))
     logs: dict[str, list[Any]] = {}
     for f in r.inflight:
         records = _routed(f, snaps, spec, key_fns, owns) if f.route else [

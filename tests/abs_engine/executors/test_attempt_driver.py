@@ -97,7 +97,7 @@ def drive(tmp_path: Path, requests: SavepointRequests | None = None, **config: A
     log: list[str] = []
     driver = AttemptDriver(
         attempt, coord, config=cfg, generation=0, final_restore=False, started=0.0,
-        tracker=JobTracker(p, cfg.mode, cfg.checkpoint_interval), result=result, lifecycle=lifecycle,
+        tracker=JobTracker(p, cfg.mode, cfg.checkpoint_interval, history=result.history), result=result, lifecycle=lifecycle,
         requests=requests or SavepointRequests(), signals=Signals(log.append), sources=SourceRecords(result),
         chaos=Chaos(None, 0.0, result, log.append), stats_writer=None, log=log.append)
     return driver, attempt

@@ -91,10 +91,9 @@ def test_pending_expired_subsumed_and_failover_statuses(tmp_path) -> None:  # ty
     assert [(h["id"], h["status"]) for h in cps["history"]] == [(4, "ABORTED"), (3, "COMPLETED"), (2, "ABORTED"),
                                                                  (1, "FAILED")]
     assert cps["latest"]["failed"]["failure_message"] == "job failover: task x died"
-    result = config.JobResult("t")
-    for s in [failed, *ended, *aborted]:
-        result.add_checkpoint(s)
+    result = config.JobResult("t", history=tr.history)  # the job's result reads the one history
     assert result.checkpoints_completed == 1 and [s.checkpoint_id for s in result.failed_checkpoints] == [1, 2, 4]
+    assert result.checkpoints_expired == 1 and [s.checkpoint_id for s in result.checkpoints] == [3]
 
 
 def test_recovery_events_and_monotonic_task_counters(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -130,20 +129,21 @@ def test_recovery_events_and_monotonic_task_counters(tmp_path) -> None:  # type:
 
 def test_history_and_subtask_details_are_bounded(tmp_path) -> None:  # type: ignore[no-untyped-def]
     p = plan(tmp_path)
-    tr = JobTracker(p, "aligned", 1.0, Clock())
-    tasks = [t.id for t in p.tasks]
     result = config.JobResult("t")
-    n = config.KEEP_CHECKPOINT_STATS + 50
+    tr = JobTracker(p, "aligned", 1.0, Clock(), history=result.history)
+    tasks = [t.id for t in p.tasks]
+    n = 2 * config.KEEP_CHECKPOINT_STATS + 50
     for cid in range(1, n + 1):
         tr.triggered(cid, "aligned", 1000.0, len(tasks))
         for t in tasks:
             tr.acknowledged(ack(cid, t), 1000.0)
-        for s in tr.completed(meta(cid, tasks, 1000.0), "aligned"):
-            result.add_checkpoint(s)
-    assert len(tr.history) == config.KEEP_CHECKPOINT_STATS
-    with_details = [s.checkpoint_id for s in tr.history if s.subtasks]
+        tr.completed(meta(cid, tasks, 1000.0), "aligned")
+    kept = [s.checkpoint_id for s in result.checkpoints]
+    assert config.KEEP_CHECKPOINT_STATS <= len(kept) < 2 * config.KEEP_CHECKPOINT_STATS and kept[-1] == n
+    assert kept == list(range(n - len(kept) + 1, n + 1))  # the newest, in order
+    with_details = [s.checkpoint_id for s in result.checkpoints if s.subtasks]
     assert with_details == list(range(n - config.KEEP_SUBTASK_DETAILS + 1, n + 1))
-    assert [s.checkpoint_id for s in result.checkpoints if s.subtasks] == with_details
+    assert result.checkpoints_completed == n
     assert len(tr.checkpoints_doc()["history"]) == docs.HISTORY
     assert set(tr.report_doc()["details"]) == {str(c) for c in with_details}
     assert tr.checkpoint_doc(1) is None and tr.checkpoints_doc()["counts"]["completed"] == n
