@@ -37,7 +37,7 @@ from .attempt import Attempt
 from .chaos import Chaos
 from .config import JobConfig, JobResult
 from .failures import WorkerFailure
-from .lifecycle import Lifecycle, Phase
+from ..lifecycle import Lifecycle, Phase
 from .requests import SavepointRequests
 from .signals import Signals
 from .source_records import SourceRecords

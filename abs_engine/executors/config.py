@@ -319,7 +319,7 @@ class JobResult:
     #: workers launched, connected, restored); ``duration_s - running_after_s`` is the run.
     running_after_s: float = 0.0
     restarts: int = 0  #: attempts started after a failure
-    #: The states the job went through, in order (executors/lifecycle.py): e.g. CREATED,
+    #: The states the job went through, in order (abs_engine/lifecycle.py): e.g. CREATED,
     #: SCHEDULING, RUNNING, RECOVERING, SCHEDULING, RESTORING, RUNNING, FINISHED.
     phases: list[str] = field(default_factory=list)
     kills: int = 0  #: workers the ``chaos`` option killed
@@ -352,7 +352,9 @@ class JobResult:
 
     @property
     def checkpoints(self) -> list[CheckpointStat]:
-        """Completed checkpoints, the most recent KEEP_CHECKPOINT_STATS of them at least."""
+        """Completed checkpoints, the most recent KEEP_CHECKPOINT_STATS of them at least.
+        (These lists are the job's history itself, which the dashboard reads: read them,
+        copy them to change them.)"""
         return self.history.completed
 
     @property

@@ -47,7 +47,7 @@ from ..errors import AbsEngineError, JobFailed, JobInterrupted
 from ..graph import LogicalGraph
 from ..plan import Plan
 from ..monitor.store import StatsWriter
-from ..monitor.tracker import JobState, JobTracker
+from ..monitor.tracker import JobTracker
 from .config import JobConfig, JobResult
 from .job_control import ControlServer
 from .attempt import Attempt, ProcessAttempt
@@ -56,7 +56,7 @@ from .chaos import Chaos
 from .deploy import deployer
 from .failover import Decision, FailureManager
 from .job_storage import check_resume, check_spill_dir, open_job_storage
-from .lifecycle import Lifecycle, Phase
+from ..lifecycle import ENDED, Lifecycle, Phase
 from .failures import WorkerFailure
 from .launcher import Launcher
 from .requests import SavepointRequests
@@ -98,8 +98,8 @@ class JobMaster:
         self.highest_id = 0  #: the highest checkpoint id triggered in this run
         #: Restart or fail, after each failed attempt (executors/failover.py).
         self.failover = FailureManager(config.restart_attempts)
-        #: Where the job is in its life (executors/lifecycle.py).
-        self.lifecycle = Lifecycle()
+        #: Where the job is in its life (abs_engine/lifecycle.py).
+        self.lifecycle = Lifecycle(self.tracker.phase_changed)  # the dashboard's job state is the lifecycle's
 
     # ---- the job --------------------------------------------------------------------------
 
@@ -148,16 +148,17 @@ class JobMaster:
             self.chaos = Chaos(cfg.chaos, self.started, self.result, self._log)  # (chaos.py) its times count from here
             if not temp:
                 self.stats_writer = StatsWriter(location)
-            state = JobState.FAILED
+            state = Phase.FAILED
             try:
                 with ControlServer(self.control_dir, self.requests.submit):
                     self._attempts(storage)
-                state = JobState.CANCELED if self.result.cancelled else JobState.FINISHED
+                state = Phase.CANCELED if self.result.cancelled else Phase.FINISHED
             except KeyboardInterrupt as e:  # the workers were stopped on the way out (_attempt)
-                state = JobState.CANCELED
+                state = Phase.CANCELED
                 raise self._interrupted(e, None if temp else storage.shown) from None
             finally:
-                self.lifecycle.to(Phase(state.value))  # FINISHED, FAILED or CANCELED: the job has ended
+                assert state in ENDED
+                self.lifecycle.to(state)  # FINISHED, FAILED or CANCELED: the job has ended
                 self.result.phases = [p.value for p in self.lifecycle.history]
                 self.requests.close(f"the job ended ({state.value.lower()}) before the savepoint was taken")
                 self._ended(state)
@@ -168,11 +169,10 @@ class JobMaster:
             if temp:
                 shutil.rmtree(location, ignore_errors=True)
 
-    def _ended(self, state: JobState) -> None:
+    def _ended(self, state: Phase) -> None:
         """The job is over: pending checkpoints aborted, the statistics stored a last time."""
         self.tracker.abort_pending(f"the job ended ({state.value.lower()})")
         self.tracker.set_source_records(self.sources.count())
-        self.tracker.finished(state)
         if self.stats_writer is not None:
             self.stats_writer.write(self.tracker, force=True)
             self.stats_writer.close()

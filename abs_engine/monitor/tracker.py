@@ -24,9 +24,10 @@ from typing import Any, Callable
 
 from .. import messages
 from ..checkpoint.metadata import Metadata
+from ..lifecycle import ENDED, Phase
 from ..plan import Plan
 from . import docs
-from .model import (KEEP_CHECKPOINT_STATS, CheckpointHistory, CheckpointStat, CheckpointStatus, RecoveryEvent,
+from .model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointHistory, CheckpointStat, CheckpointStatus, RecoveryEvent,
                     SubtaskStat)
 
 SAMPLES = 300  #: throughput samples kept, one per SAMPLE_EVERY seconds
@@ -34,6 +35,8 @@ SAMPLE_EVERY = 1.0
 
 
 class JobState(str, enum.Enum):
+    """The job's state as Flink's REST API names it, derived from its lifecycle phase."""
+
     CREATED = "CREATED"
     RUNNING = "RUNNING"
     RESTARTING = "RESTARTING"
@@ -80,7 +83,7 @@ class JobTracker:
         self.interval = interval
         self.vertices, self.edges = docs.graph(plan)
         self.job_id = ""
-        self.state = JobState.CREATED
+        self.phase = Phase.CREATED  #: the lifecycle's (lifecycle.py), as it tells us
         self.start_time = clock()
         self.end_time: float | None = None
         self.attempt = 0
@@ -132,7 +135,6 @@ class JobTracker:
     def all_running(self) -> None:
         with self.lock:
             self.version += 1
-            self.state = JobState.RUNNING
             if self.recoveries and self.recoveries[-1].attempt == self.attempt \
                     and self.recoveries[-1].running_after_s is None:
                 r = self.recoveries[-1]
@@ -225,19 +227,30 @@ class JobTracker:
         will start."""
         with self.lock:
             self.version += 1
-            self.state = JobState.RESTARTING
             self.restarts += 1
             if task in self.tasks:
                 self.tasks[task].status = "FAILED"
             self.recoveries.append(RecoveryEvent(self.clock() if at is None else at, next_attempt, task, reason))
 
-    def finished(self, state: JobState) -> None:
+    def phase_changed(self, phase: Phase) -> None:
+        """The job's lifecycle moved (lifecycle.py calls this)."""
         with self.lock:
             self.version += 1
-            self.state = state
-            self.end_time = self.clock()
-            for t in self.tasks.values():
-                t.in_rate = t.out_rate = t.backpressure = 0.0
+            self.phase = phase
+            if phase in ENDED:
+                self.end_time = self.clock()
+                for t in self.tasks.values():
+                    t.in_rate = t.out_rate = t.backpressure = 0.0
+
+    @property
+    def state(self) -> JobState:
+        """Flink's name for the phase: RUNNING while it runs or stops with a savepoint,
+        RESTARTING from a failure until it runs again, CREATED before it first runs."""
+        if self.phase in ENDED:
+            return JobState(self.phase.value)
+        if self.phase in (Phase.RUNNING, Phase.STOPPING):
+            return JobState.RUNNING
+        return JobState.RESTARTING if self.restarts else JobState.CREATED
 
     def tick(self, now: float) -> None:
         """Take a throughput sample if one is due (``now``: monotonic)."""
@@ -308,7 +321,7 @@ class JobTracker:
             job = docs.job(self)
             job["throughput"] = docs.throughput(list(self.samples), list(self.tasks))
             return {"version": docs.VERSION, "job": job, "checkpoints": docs.checkpoints(self),
-                    "details": {str(s.checkpoint_id): d for s in self.history.ended() if s.subtasks
+                    "details": {str(s.checkpoint_id): d for s in self.history.ended()[-KEEP_SUBTASK_DETAILS:] if s.subtasks
                                 if (d := docs.checkpoint(self, s.checkpoint_id)) is not None}}
 
 

@@ -21,7 +21,7 @@ from abs_engine.executors.attempt_driver import AttemptDriver
 from abs_engine.executors.chaos import Chaos
 from abs_engine.executors.config import JobConfig, JobResult
 from abs_engine.executors.failures import WorkerFailure
-from abs_engine.executors.lifecycle import Lifecycle, Phase
+from abs_engine.lifecycle import Lifecycle, Phase
 from abs_engine.executors.requests import SavepointRequests
 from abs_engine.executors.signals import Signals
 from abs_engine.executors.source_records import SourceRecords

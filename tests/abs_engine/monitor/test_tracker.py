@@ -9,7 +9,8 @@ from abs_engine.checkpoint.metadata import FileRef, Metadata
 from abs_engine.executors import config
 from abs_engine.monitor import docs
 from abs_engine.monitor.model import CheckpointStatus
-from abs_engine.monitor.tracker import JobState, JobTracker
+from abs_engine.lifecycle import Lifecycle, Phase
+from abs_engine.monitor.tracker import JobTracker
 from abs_engine.testing import CapturingSink, TestingSource
 
 
@@ -100,9 +101,14 @@ def test_recovery_events_and_monotonic_task_counters(tmp_path) -> None:  # type:
     p = plan(tmp_path)
     clock = Clock()
     tr = JobTracker(p, "aligned", 1.0, clock)
+    life = Lifecycle(tr.phase_changed)  # as the job master drives them
     task = p.tasks[0].id
+    assert tr.job_doc()["state"] == "CREATED"
+    life.to(Phase.SCHEDULING)
     tr.attempt_started(0, None)
     tr.all_running()
+    life.to(Phase.RUNNING)
+    assert tr.job_doc()["state"] == "RUNNING"
     tr.task_metrics(task, 100, 90, 0.0, now=10.0)
     tr.task_metrics(task, 600, 590, 0.25, now=11.0)  # 500 rec/s, a quarter of the second blocked
     doc = {t["id"]: t for t in tr.job_doc()["tasks"]}[task]
@@ -111,19 +117,26 @@ def test_recovery_events_and_monotonic_task_counters(tmp_path) -> None:  # type:
     tr.tick(11.5)  # not due: one sample a second
     assert len(tr.job_doc()["throughput"]["time"]) == 1
     clock.t = 1010.0
+    life.to(Phase.RECOVERING)
     tr.failed_over(task, "worker process 7 was killed by SIGKILL", 1)
     assert tr.job_doc()["state"] == "RESTARTING"
+    life.to(Phase.SCHEDULING)
+    life.to(Phase.RESTORING)
+    assert tr.job_doc()["state"] == "RESTARTING"  # until it runs again
     tr.attempt_started(1, 5)
     tr.task_metrics(task, 40, 40, 0.0, now=20.0)  # the new attempt counts from zero again
     doc = {t["id"]: t for t in tr.job_doc()["tasks"]}[task]
     assert doc["records_in"] == 640 and doc["records_out"] == 630  # never goes back
     clock.t = 1012.5
     tr.all_running()
+    life.to(Phase.RUNNING)
+    life.to(Phase.STOPPING)  # a savepoint and a stop: still running
+    assert tr.job_doc()["state"] == "RUNNING"
     [rec] = tr.job_doc()["recoveries"]
     assert rec == {"time": 1010000, "attempt": 1, "failed_task": task, "reason": "worker process 7 was killed by SIGKILL",
                    "restored_from": 5, "running_after_ms": 2500.0}
     assert tr.checkpoints_doc()["counts"]["restored"] == 1
-    tr.finished(JobState.FINISHED)
+    life.to(Phase.FINISHED)
     assert tr.job_doc()["state"] == "FINISHED" and tr.job_doc()["end-time"] == 1012500
 
 

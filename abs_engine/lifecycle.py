@@ -12,11 +12,15 @@ savepoint --stop``, SIGTERM); the job ends when it is committed. RECOVERING: an 
 failed and the failure manager (failover.py) chose to restart it. FINISHED, FAILED and
 CANCELED end the job, from any state that has not ended. A transition the table does not
 list is a bug of the driver: it raises.
+
+The phase is kept here only: the dashboard's job state (Flink's names, monitor/tracker.py)
+is derived from it, told of each change (``on_change``).
 """
 
 from __future__ import annotations
 
 import enum
+from typing import Callable
 
 
 class Phase(enum.Enum):
@@ -50,9 +54,10 @@ class IllegalTransition(RuntimeError):
 
 
 class Lifecycle:
-    def __init__(self) -> None:
+    def __init__(self, on_change: Callable[[Phase], None] | None = None) -> None:
         self.phase = Phase.CREATED
         self.history: list[Phase] = [Phase.CREATED]
+        self.on_change = on_change
 
     @property
     def ended(self) -> bool:
@@ -67,3 +72,5 @@ class Lifecycle:
             raise IllegalTransition(f"the job cannot go from {self.phase.value} to {phase.value}")
         self.phase = phase
         self.history.append(phase)
+        if self.on_change is not None:
+            self.on_change(phase)

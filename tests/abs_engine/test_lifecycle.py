@@ -1,4 +1,4 @@
-"""The job lifecycle (executors/lifecycle.py): the table refuses what it does not list, and
+"""The job lifecycle (abs_engine/lifecycle.py): the table refuses what it does not list, and
 real jobs (in process) go through the states they should -- a clean run, and a crash
 recovered from a checkpoint."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from abs_engine import Dataflow
-from abs_engine.executors.lifecycle import IllegalTransition, Lifecycle, Phase
+from abs_engine.lifecycle import IllegalTransition, Lifecycle, Phase
 from abs_engine.testing import CapturingSink, GatedSource, TestingSource
 
 
