@@ -11,15 +11,16 @@ msgpack-encodable state that reflects exactly the records processed before the b
 is durable (side effects such as publishing output may happen then, and must be
 idempotent: after a crash the notification may come again, or restore() may come first).
 
-Rescaling contract: when a job resumes with another parallelism for an operator, each new
-subtask's state is built from the states of *all* the operator's old subtasks, then
-``restore`` gets it. A keyed operator declares the shape of its state (``state_layout``:
-keys, timers, a watermark) and the runtime keeps the keys whose key group the new subtask
-owns, once for every operator family (operators/state_layout.py). Any other operator is
-asked: ``rescale_state(old, index, parallelism, owns)`` (``old`` in subtask order); sources
-pool their unread splits and deal them out. The default accepts an operator without state
-(every old state None) and refuses one with state (RescaleError(STATEFUL_OPERATOR), naming
-it): declare a layout or override it to make user state rescalable.
+Rescaling contract: when a job resumes with another parallelism for an operator, the
+runtime asks it for each new subtask's state, ``rescale_state(old, index, parallelism,
+owns)``, built from the states of *all* its old subtasks (``old``, in subtask order), then
+``restore`` gets it. A keyed operator only declares the shape of its state
+(``state_layout``: keys, timers, a watermark): the default then keeps the keys whose key
+group the new subtask owns, one implementation for every operator family
+(operators/state_layout.py). Sources pool their unread splits and deal them out. Without a
+layout the default accepts an operator without state (every old state None) and refuses
+one with state (RescaleError(STATEFUL_OPERATOR), naming it): declare a layout or override
+``rescale_state`` to make user state rescalable.
 """
 
 from __future__ import annotations
@@ -118,8 +119,8 @@ class Operator(Guarded, ABC):
     #: its keyed state can be checkpointed incrementally: ``track_changes``,
     #: ``take_changes`` and ``untrack_changes`` (operators/keyed.py, runtime/increments.py).
     incremental: bool = False
-    #: the shape of its keyed state, by which the runtime splits it on a rescale
-    #: (operators/state_layout.py; ``rescale_state`` is then not asked); None: it is.
+    #: the shape of its keyed state, by which ``rescale_state``'s default splits it on a
+    #: rescale (operators/state_layout.py); None: no keyed state (or a rule of its own).
     state_layout: ClassVar[Layout | None] = None
     #: Spark task slots it occupies while the job runs (a Spark source reads through jobs of its own).
     spark_slots: int = 0

@@ -91,12 +91,12 @@ class ForkServer:
     """One attempt's fork server, seen from the launcher: pids and exit statuses as it
     reports them (a reader thread), stdin to ask for workers and, closed, to end it.
 
-    Each worker is also held by a pidfd, opened when its pid is reported (before the server
-    can reap it, so it names that process and no later one with its pid): signals go
-    through it, and if the server dies its orphaned workers can still be stopped and seen
-    to exit."""
+    Each worker is held by a pidfd, opened when its pid is reported and then acknowledged
+    to the server, which reaps no worker before that (runtime/fork_server.py): so the pidfd
+    names that worker and no later process with its pid. Signals go through it, and if the
+    server dies its orphaned workers can still be stopped and seen to exit."""
 
-    #: the exit status of a worker whose server died before reporting it
+    #: the exit status of a worker whose server died before reporting it (or forking it)
     LOST = 255
 
     def __init__(self, driver: tuple[str, int], generation: int, secret: bytes, material: Material | None,
@@ -106,6 +106,9 @@ class ForkServer:
             self.proc = subprocess.Popen([sys.executable, "-m", "abs_engine.runtime.worker", "--fork-server",
                                           str(events_w), driver[0], str(driver[1]), str(generation)],
                                          env=env, stdin=subprocess.PIPE, pass_fds=(events_w,))
+        except BaseException:
+            os.close(events_r)
+            raise
         finally:
             os.close(events_w)
         self.events = os.fdopen(events_r, "rb")
@@ -114,39 +117,52 @@ class ForkServer:
         self.exits: dict[int, int] = {}
         self.gone = False  # its events pipe is closed: no more news
         self.cond = threading.Condition()
+        self.stdin_lock = threading.Lock()  # the launcher's and the reader's requests, whole lines
         self.reader = threading.Thread(target=self._read, name="fork-server-events", daemon=True)
-        self.reader.start()
+        try:
+            self.reader.start()
+        except BaseException:
+            self.events.close()
+            self.proc.kill()
+            self.proc.wait()
+            raise
         self._send(secret.hex() + "\n" + (material.encode() if material is not None else "") + "\n")
 
     def _send(self, text: str) -> None:
         assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(text.encode())
-            self.proc.stdin.flush()
-        except (OSError, ValueError):
-            pass  # it died: _read sees its events pipe close, and its workers count as exited
+        with self.stdin_lock:
+            try:
+                self.proc.stdin.write(text.encode())
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass  # it died: _read sees its events pipe close, and its workers count as exited
 
     def _read(self) -> None:
         for line in self.events:
-            parts = line.split()
+            kind, _, rest = line.rstrip(b"\n").decode("utf-8", "replace").partition(" ")
+            pid_text, _, arg = rest.partition(" ")
+            if not pid_text.isdigit():
+                continue
+            pid = int(pid_text)
             with self.cond:
-                if len(parts) == 3 and parts[0] == b"started":
-                    pid = int(parts[2])
-                    self.pids[parts[1].decode()] = pid
+                if kind == "started" and arg:
+                    self.pids[arg] = pid
                     try:
-                        self.pidfds[pid] = os.pidfd_open(pid)
+                        self.pidfds[pid] = os.pidfd_open(pid)  # unreaped until acknowledged: it is ours
                     except OSError:
-                        pass  # already reaped: its exit line follows
-                elif len(parts) == 3 and parts[0] == b"exit":
-                    self.exits[int(parts[1])] = int(parts[2])
+                        pass  # (no pidfds on this kernel: its exit line still comes)
+                elif kind == "exit":
+                    self.exits[pid] = int(arg)
                 self.cond.notify_all()
+            if kind == "started":
+                self._send(f"ack {pid}\n")
         with self.cond:
             self.gone = True
             self.cond.notify_all()
         self.events.close()
 
     def fork(self, tasks: list[str], timeout: float = 60.0) -> dict[str, "ForkedProcess"]:
-        self._send("".join(t + "\n" for t in tasks))
+        self._send("".join(f"fork {t}\n" for t in tasks))
         deadline = time.monotonic() + timeout
         with self.cond:
             self.cond.wait_for(lambda: self.gone or all(t in self.pids for t in tasks),
@@ -160,31 +176,27 @@ class ForkServer:
                 return self.exits[pid]
             if not self.gone:
                 return None
-            if pid is None:  # it died before forking this task
-                code = self._server_exit()
-                return code if code not in (0, None) else self.LOST
-            fd = self.pidfds.get(pid)
-            if fd is not None and not select.select([fd], [], [], 0)[0]:
+            fd = self.pidfds.get(pid) if pid is not None else None
+            if fd is not None and not _exited(fd):
                 return None  # an orphan, still running
-            return self.LOST
+            return self.LOST  # never forked, or its status went with the server
 
-    def _server_exit(self) -> int | None:
+    def server_exit(self) -> str:
+        """How the server ended, for the error the user sees."""
         try:
-            return self.proc.wait(timeout=5.0)  # its events pipe closed: it is exiting
+            code = self.proc.wait(timeout=5.0)  # its events pipe closed: it is exiting
         except subprocess.TimeoutExpired:
-            return None
+            return "stopped reporting"
+        return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
 
     def signal(self, task: str, sig: int) -> None:
         with self.cond:
             pid = self.pids.get(task)
             fd = self.pidfds.get(pid) if pid is not None else None
-            if pid is None or pid in self.exits:
-                return
+            if fd is None or pid in self.exits:
+                return  # not forked, reaped, or not held: nothing of ours to signal
             try:
-                if fd is not None:
-                    signal.pidfd_send_signal(fd, sig)
-                elif not self.gone:  # not reaped (no exit line yet), so the pid is still its own
-                    os.kill(pid, sig)
+                signal.pidfd_send_signal(fd, sig)
             except ProcessLookupError:
                 pass
 
@@ -201,17 +213,25 @@ class ForkServer:
 
     def close(self, timeout: float) -> None:
         """End of the attempt: stdin closed, the server exits (its workers were stopped)."""
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
+        with self.stdin_lock:
+            if self.proc.stdin is not None and not self.proc.stdin.closed:
+                try:
+                    self.proc.stdin.close()
+                except OSError:
+                    pass
         reap([self.proc], timeout)
-        self.reader.join(timeout=1.0)
+        self.reader.join(timeout=5.0)  # the server has exited: its events pipe ends at once
         with self.cond:
             for fd in self.pidfds.values():
                 os.close(fd)
             self.pidfds.clear()
+
+
+def _exited(pidfd: int) -> bool:
+    """A pidfd turns readable when its process has exited."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class ForkedProcess:
@@ -237,7 +257,9 @@ class ForkedProcess:
     def describe_exit(self, code: int) -> str:
         pid = self.pid
         if code == ForkServer.LOST and self.server.gone and (pid is None or pid not in self.server.exits):
-            return f"exited; its status was lost with its fork server (which {describe_exit(self.server.proc.wait())})"
+            if pid is None:
+                return f"was never started: its fork server {self.server.server_exit()}"
+            return f"exited; its exit status was lost with its fork server, which {self.server.server_exit()}"
         return describe_exit(code)
 
 

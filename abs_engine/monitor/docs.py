@@ -10,13 +10,14 @@ Every function here is called with the tracker's lock held and only reads it.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
 from ..plan import Plan
-from .model import CheckpointStat, CheckpointStatus, RecoveryEvent, SubtaskStat
+from .model import KEEP_CHECKPOINT_STATS, CheckpointStat, CheckpointStatus, RecoveryEvent, SubtaskStat
 
 if TYPE_CHECKING:
     from .tracker import JobTracker
@@ -131,7 +132,7 @@ def _pending_subtasks(tr: "JobTracker", acked: dict[str, SubtaskStat]) -> list[d
 
 
 def checkpoints(tr: "JobTracker") -> dict[str, Any]:
-    completed, failed = tr.history.completed, tr.history.failed
+    completed, failed = tr.history.completed[-KEEP_CHECKPOINT_STATS:], tr.history.failed
     savepoints = [s for s in completed if s.mode == "savepoint"]
     counts = tr.history.counts
     n_completed = counts.get(CheckpointStatus.COMPLETED, 0)
@@ -159,7 +160,7 @@ def checkpoint(tr: "JobTracker", cid: int) -> dict[str, Any] | None:
     """One checkpoint with its subtasks; None if it is not (or no longer) known."""
     if cid in tr.pending:
         return {**_pending_entry(tr, cid), "subtasks": _pending_subtasks(tr, tr.pending[cid].subtasks)}
-    for s in reversed(tr.history.ended()):
+    for s in itertools.chain(reversed(tr.history.completed), reversed(tr.history.failed)):
         if s.checkpoint_id == cid:
             return {**entry(s), "subtasks": [subtask(x) for x in s.subtasks]}
     return None

@@ -14,12 +14,15 @@ a worker started on its own.
 
 Protocol, all over pipes only the launcher holds (so nothing to authenticate):
 - stdin: the attempt's secret and TLS material (the two lines a worker reads, runtime/
-  worker.py), then one task id per line: fork a worker for it. End of stdin: exit.
-- EVENTS_FD: ``started TASK PID`` per fork, ``exit PID CODE`` per worker reaped
+  worker.py), then ``fork TASK`` (fork a worker for task TASK) and ``ack PID`` (the
+  launcher holds a pidfd on worker PID) lines. End of stdin: exit.
+- EVENTS_FD: ``started PID TASK`` per fork, ``exit PID CODE`` per worker reaped
   (CODE as ``Popen.returncode``: negative for a signal).
 
 Invariants: the server runs no thread (so forking it is safe); it reaps only its own
-children and reports each exactly once; a forked worker holds none of its pipes.
+children, and a child only once the launcher has acknowledged it (until then an exited
+worker stays a zombie, so its pid cannot name another process before the launcher holds
+it by pidfd); it reports each exactly once; a forked worker holds none of its pipes.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class _Lines:
         while self.buf.count(b"\n") < 2 and not self.eof:
             self.fill()
         lines = self.take()
-        if len(lines) > 2:  # task lines that came with the secret
+        if len(lines) > 2:  # requests that came with the secret
             self.buf = b"\n".join(ln.encode() for ln in lines[2:]) + b"\n" + self.buf
         return (lines + ["", ""])[0], (lines + ["", ""])[1]
 
@@ -100,21 +103,32 @@ def serve(args: list[str]) -> int:
                     sys.stderr.flush()
                 finally:
                     os._exit(code)
-        events.write(f"started {task} {pid}\n".encode())
+        children.add(pid)
+        events.write(f"started {pid} {task}\n".encode())
+
+    def handle(line: str) -> None:
+        command, _, arg = line.partition(" ")
+        if command == "fork" and arg:
+            fork(arg)
+        elif command == "ack" and arg.isdigit():
+            acked.add(int(arg))
 
     def reap() -> None:
-        while True:
+        for pid in sorted(children & acked):
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            events.write(f"exit {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # (cannot be: an unreaped child of ours)
+                children.discard(pid)
+                continue
+            if done:
+                children.discard(pid)
+                acked.discard(pid)
+                events.write(f"exit {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
 
-    for task in stdin.take():
-        if task.strip():
-            fork(task.strip())
+    children: set[int] = set()
+    acked: set[int] = set()
+    for line in stdin.take():
+        handle(line)
     try:
         while not stdin.eof:
             ready, _, _ = select.select([0, wake_r], [], [])
@@ -125,12 +139,11 @@ def serve(args: list[str]) -> int:
                             break
                     except BlockingIOError:
                         break
-            reap()
             if 0 in ready:
                 stdin.fill()
-                for task in stdin.take():
-                    if task.strip():
-                        fork(task.strip())
+                for line in stdin.take():
+                    handle(line)
+            reap()
     except BrokenPipeError:
         return 0  # the launcher is gone: its workers run on until their driver connection ends
     return 0

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from operators.base import Operator, Source
-from operators.state_layout import redistribute
+from operators.base import Source
 
 from ..checkpoint.remote import load_task_state
 from ..checkpoint.restore_spec import Inflight, RestoreSpec, SamePlan
@@ -60,9 +59,8 @@ def load(restore: RestoreSpec, plan: Plan, spec: TaskSpec, operators: dict[str, 
                                f"checkpoint {cid} was taken after some subtasks of operator {name!r} had finished "
                                "their input and emitted their final output: resume from an earlier checkpoint, or "
                                "at the parallelism it ran with", name)
-        layout = op.state_layout if isinstance(op, Operator) else None
-        states[name] = (redistribute(layout, old_states, owns) if layout is not None
-                        else op.rescale_state(old_states, spec.index, spec.parallelism, owns))
+        # (a keyed operator's default: the keys its declared state_layout gives this subtask)
+        states[name] = op.rescale_state(old_states, spec.index, spec.parallelism, owns)
     logs: dict[str, list[Any]] = {}
     for f in r.inflight:
         records = _routed(f, snaps, spec, key_fns, owns) if f.route else [

@@ -101,7 +101,8 @@ def test_a_fork_server_that_dies_leaves_its_workers_stoppable(driver):
     pid = w.pid
     launcher.stop(workers, timeout=10)  # through its pidfd
     assert w.poll() == ForkServer.LOST
-    assert "lost with its fork server (which killed by signal 9)" in w.describe_exit(ForkServer.LOST)
+    assert w.describe_exit(ForkServer.LOST) == ("exited; its exit status was lost with its fork server, "
+                                                "which was killed by signal 9")
     assert pid is not None
     deadline = time.monotonic() + 10
     while not gone(pid) and time.monotonic() < deadline:
@@ -113,6 +114,7 @@ def test_a_fork_server_without_a_secret_refuses_to_fork(driver):
     listener, _ = driver
     server = ForkServer(listener.getsockname()[:2], 0, b"", None, dict(os.environ, PYTHONHASHSEED="0"))
     workers = server.fork(["a#0"], timeout=30)
-    assert workers["a#0"].poll() == 1  # the server's own exit status: no secret on stdin
-    assert server.pids == {}
+    assert workers["a#0"].poll() == ForkServer.LOST and server.pids == {}
+    # no secret on stdin: the server said so on stderr and exited
+    assert workers["a#0"].describe_exit(ForkServer.LOST) == "was never started: its fork server exited with status 1"
     server.close(5)
