@@ -240,6 +240,8 @@ def compile_graph(graph: LogicalGraph) -> Plan:
 
 
 def explain(plan: Plan) -> str:
+    from .pipelines import describe, find_pipelines
+
     """A human-readable plan: chains (fused operators), edges with back-edges marked, tasks."""
     lines = [f"job {plan.job!r}: {len(plan.tasks)} tasks in {len(plan.chains)} chains"]
     lines.append("chains (operators fused into one task, records passed by function call):")
@@ -256,4 +258,7 @@ def explain(plan: Plan) -> str:
         ins = len(t.inputs)
         outs = sum(len(o.channels) for o in t.outputs)
         lines.append(f"  {t.id}: {ins} input channel(s), {outs} output channel(s)")
+    lines.append("pipelines (operators connected upstream and downstream) and their regions (tasks joined by "
+                 "channels); a failure still restarts the whole job:")
+    lines += [describe(p) for p in find_pipelines(plan)]
     return "\n".join(lines)
