@@ -48,7 +48,7 @@ def find_pipelines(plan: Plan) -> tuple[Pipeline, ...]:
         for t in component:
             region_of[t] = len(regions)
         regions.append(tuple(sorted(component, key=task_order.__getitem__)))
-    out = []
+    out: list[Pipeline] = []
     for component in sorted(nx.connected_components(chains), key=lambda c: min(order[n] for n in c)):
         mine = tuple(t.id for t in plan.tasks if t.chain in component)
         ids = sorted({region_of[t] for t in mine}, key=lambda r: task_order[regions[r][0]])
