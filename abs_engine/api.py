@@ -150,7 +150,7 @@ class Dataflow:
         """Run the job; see executors.config.JobConfig for the options (``executor=`` picks
         who starts the workers)."""
         if PlanOnly.active:
-            raise PlanOnly(self)  # `abs-engine plan` loads the file: it never runs a job
+            raise PlanOnly(self, config)  # `abs-engine plan`/`run` load the file: loading never runs a job
         from .executors.master import JobConfig, run_job
 
         return run_job(self, JobConfig(**config))
@@ -163,6 +163,7 @@ class PlanOnly(BaseException):
 
     active = False
 
-    def __init__(self, flow: Dataflow):
+    def __init__(self, flow: Dataflow, config: dict[str, Any] | None = None):
         super().__init__("planning only")
         self.flow = flow
+        self.config = dict(config or {})  #: the options the file ran it with

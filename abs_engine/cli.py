@@ -1,6 +1,7 @@
 """The ``abs-engine`` command line.
 
     abs-engine plan FILE.py                      print the compiled plan, back-edges marked
+    abs-engine run FILE.py [--supervise] ...     run its job (a supervisor restarts a crashed driver)
     abs-engine checkpoints list DIR              list the checkpoints stored in DIR
     abs-engine checkpoints show DIR [ID] --json  one checkpoint (default: newest), state decoded
 
@@ -29,6 +30,13 @@ def load_flow(path: str) -> Dataflow:
     """A Dataflow from a Python file: its ``build_flow()`` function, else a module-level
     Dataflow, else the one the file runs. Never runs a job: ``Dataflow.run`` only captures
     its flow while the file loads (api.PlanOnly)."""
+    return load_job(path)[0]
+
+
+def load_job(path: str, keep_path: bool = False) -> tuple[Dataflow, dict[str, Any]]:
+    """``load_flow``, with the options the file runs its job with (none for a
+    ``build_flow()``); ``keep_path`` leaves the file's directory importable (a job about to
+    run needs its sibling modules)."""
     import inspect
 
     from .api import PlanOnly
@@ -41,7 +49,7 @@ def load_flow(path: str) -> Dataflow:
         try:
             ns = runpy.run_path(path, run_name="__abs_engine_plan__")
         except PlanOnly as ran:
-            return ran.flow  # the file runs its job at import: that job is the plan
+            return ran.flow, ran.config  # the file runs its job at import: that job is the plan
         build = ns.get("build_flow")
         if callable(build):
             required = [p.name for p in inspect.signature(build).parameters.values()
@@ -54,19 +62,20 @@ def load_flow(path: str) -> Dataflow:
             try:
                 flow = build()
             except PlanOnly as ran:
-                return ran.flow
+                return ran.flow, ran.config
             if isinstance(flow, Dataflow):
-                return flow
+                return flow, {}
     finally:
         PlanOnly.active = False
-        sys.path.remove(here)
+        if not keep_path:
+            sys.path.remove(here)
     flows = [v for v in ns.values() if isinstance(v, Dataflow)]
     if len(flows) != 1:
         raise SystemExit(
             f"{path}: define build_flow() returning a Dataflow, or exactly one module-level Dataflow "
             f"(found {len(flows)})"
         )
-    return flows[0]
+    return flows[0], {}
 
 
 def jsonable(obj: Any) -> Any:
@@ -85,6 +94,26 @@ def jsonable(obj: Any) -> Any:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     print(load_flow(args.file).explain())
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the job a file defines, with the options it runs it with (none for a
+    ``build_flow()``) and those given here; under a supervisor with --supervise."""
+    flow, config = load_job(args.file, keep_path=True)
+    given = {"checkpoint_dir": args.checkpoint_dir, "checkpoint_interval": args.checkpoint_interval,
+             "driver_restarts": args.driver_restarts}
+    config.update({k: v for k, v in given.items() if v is not None})
+    if args.resume:
+        config["resume"] = "if-present" if args.resume == "if-present" else True
+    if args.supervise:
+        config["supervise"] = True
+    if args.progress:
+        config["progress"] = True
+    res = flow.run(**config)
+    print(f"{res.job}: {res.source_records:,} source records in {res.duration_s:.1f} s, "
+          f"{res.checkpoints_completed} checkpoint(s), {res.restarts} restart(s)"
+          + (f", checkpoints in {res.checkpoint_dir}" if config.get("checkpoint_dir") else ""))
     return 0
 
 
@@ -212,6 +241,18 @@ def build_parser() -> argparse.ArgumentParser:
     pp = sub.add_parser("plan", help="print the compiled plan of a dataflow file")
     pp.add_argument("file", help="a Python file defining build_flow() or a module-level Dataflow")
     pp.set_defaults(fn=cmd_plan)
+    rn = sub.add_parser("run", help="run the job a dataflow file defines (its build_flow(), or the job it runs)")
+    rn.add_argument("file", help="a Python file defining build_flow(), a module-level Dataflow, or running one")
+    rn.add_argument("--checkpoint-dir", help="where its checkpoints go (needed by --supervise and --resume)")
+    rn.add_argument("--checkpoint-interval", type=float, help="seconds between checkpoints")
+    rn.add_argument("--resume", nargs="?", const=True, choices=[True, "if-present"],
+                    help="continue from the newest checkpoint in --checkpoint-dir ('if-present': if there is one)")
+    rn.add_argument("--supervise", action="store_true",
+                    help="run the driver under a supervisor that restarts it from the latest checkpoint if it "
+                         "crashes (executors/supervisor.py)")
+    rn.add_argument("--driver-restarts", type=int, help="how many crashed drivers --supervise restarts (default 3)")
+    rn.add_argument("--progress", action="store_true", help="a progress line about once a second")
+    rn.set_defaults(fn=cmd_run)
     cp = sub.add_parser("checkpoints", help="inspect stored checkpoints")
     csub = cp.add_subparsers(dest="action", required=True)
     cl = csub.add_parser("list", help="list checkpoints in DIR")

@@ -258,7 +258,6 @@ def explain(plan: Plan) -> str:
         ins = len(t.inputs)
         outs = sum(len(o.channels) for o in t.outputs)
         lines.append(f"  {t.id}: {ins} input channel(s), {outs} output channel(s)")
-    lines.append("pipelines (operators connected upstream and downstream) and their regions (tasks joined by "
-                 "channels); a failure still restarts the whole job:")
+    lines.append("pipelines and their failover regions (a failure still restarts the whole job):")
     lines += [describe(p) for p in find_pipelines(plan)]
     return "\n".join(lines)

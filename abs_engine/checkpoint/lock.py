@@ -11,6 +11,11 @@ A job holds ``ROOT/_lock`` for its whole life (``DirectoryLock``). Invariants:
   into the file and fsyncs it; a job that finds the directory locked reads that (bounded)
   and names the holder in its error (CheckpointError(LOCKED)).
 - The file is never deleted: unlinking a lock file races with another job's open.
+- A supervised driver (executors/supervisor.py) does not take the lock: it adopts the one
+  its supervisor holds, an open file description it inherits (its number in
+  ``INHERITED_ENV``), so that between a crashed driver and its successor no other job can
+  take the directory. Releasing an adopted lock only closes the driver's descriptor: the
+  supervisor still holds it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from ..errors import CheckpointError, CheckpointErrorReason
 
 LOCK_FILE = "_lock"
 MAX_HOLDER_INFO = 64 << 10  #: bytes of holder JSON read at most
+#: Set by a supervisor in its driver's environment: the inherited descriptor of the lock.
+INHERITED_ENV = "ABS_ENGINE_LOCK_FD"
 
 _R = CheckpointErrorReason
 
@@ -83,6 +90,13 @@ class DirectoryLock:
         self.job = job
         self.job_id = job_id
         self._fd: int | None = None
+        self._adopted = False
+
+    def fileno(self) -> int:
+        """The descriptor the lock is held on (a supervisor hands it to its driver)."""
+        if self._fd is None:
+            raise RuntimeError(f"lock {self.path} is not held")
+        return self._fd
 
     @property
     def held(self) -> bool:
@@ -92,7 +106,8 @@ class DirectoryLock:
         if self._fd is not None:
             raise RuntimeError(f"lock {self.path} is already held by this object")
         os.makedirs(self.root, mode=0o700, exist_ok=True)
-        fd = self._open()
+        inherited = self._inherited()
+        fd = inherited if inherited is not None else self._open()
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -110,10 +125,28 @@ class DirectoryLock:
             os.pwrite(fd, me.to_json(), 0)
             os.fsync(fd)
         except BaseException:
-            os.close(fd)  # also drops the flock if we took it
+            os.close(fd)  # also drops the flock if we took it (not an adopted one: the supervisor holds it)
             raise
         self._fd = fd
+        self._adopted = inherited is not None
         return self
+
+    def _inherited(self) -> int | None:
+        """The descriptor of this directory's lock that a supervisor handed down, if any
+        (and only if it is this very file: same device and inode)."""
+        value = os.environ.get(INHERITED_ENV, "")
+        if not value.isdigit():
+            return None
+        fd = int(value)
+        try:
+            mine, here = os.fstat(fd), os.lstat(self.path)
+        except OSError:
+            return None
+        if not stat.S_ISREG(mine.st_mode) or (mine.st_dev, mine.st_ino) != (here.st_dev, here.st_ino):
+            return None
+        del os.environ[INHERITED_ENV]  # adopted once, by this lock
+        os.set_inheritable(fd, False)  # the driver's workers must not hold it
+        return fd
 
     def _open(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -150,6 +183,9 @@ class DirectoryLock:
         """Give the directory up (idempotent)."""
         fd, self._fd = self._fd, None
         if fd is None:
+            return
+        if self._adopted:
+            os.close(fd)  # the supervisor's description keeps the lock (and its holder info)
             return
         try:
             os.ftruncate(fd, 0)  # no stale holder info for the next reader

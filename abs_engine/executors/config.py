@@ -1,18 +1,19 @@
-"""Job configuration and the result of a run."""
+"""Job configuration (``JobConfig``: every option of ``run()``, checked at once); the
+result of a run is in result.py, re-exported here."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..checkpoint import spill
 from ..errors import ConfigError
-from ..monitor.model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointHistory, CheckpointStat,
-                             CheckpointStatus, RecoveryEvent, SubtaskStat)
+from ..monitor.model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointStat, CheckpointStatus,
+                             RecoveryEvent, SubtaskStat)
 from ..runtime.channel import DEFAULT_BUFFER
+from .result import JobResult
 
 MODES = ("aligned", "unaligned", "none", "stop-the-world")
 EXECUTORS = ("local", "spark", "inprocess")
@@ -72,6 +73,12 @@ class JobConfig:
     ``restart_attempts``, ``restart_delay``
         fixed-delay restart strategy; a job that fails more than
         ``restart_attempts`` times fails with the last error.
+    ``supervise``, ``driver_restarts``
+        run the driver in a process of its own under a supervisor (this process) that
+        restarts it when it crashes (killed, out of memory), at most ``driver_restarts``
+        times (default 3), each time from the newest checkpoint; the supervisor holds the
+        checkpoint directory's lock meanwhile (executors/supervisor.py). Needs a
+        ``checkpoint_dir`` and checkpoints.
     ``progress``
         print a progress line to stderr about once a second.
     ``chaos``
@@ -215,6 +222,8 @@ class JobConfig:
     loop_memory: int | None = DEFAULT_LOOP_MEMORY
     loop_disk: int | None = DEFAULT_LOOP_DISK
     loop_spill_dir: str | None = None
+    supervise: bool = False
+    driver_restarts: int = 3
 
     def __post_init__(self) -> None:
         _check_config(self)
@@ -254,6 +263,12 @@ def _check_config(c: "JobConfig") -> None:
     _seconds("heartbeat_interval", c.heartbeat_interval)
     _seconds("task_timeout", c.task_timeout, zero=True, extra=" (0 disables it)")
     _count("restart_attempts", c.restart_attempts, 0)
+    _count("driver_restarts", c.driver_restarts, 0)
+    if c.supervise not in (True, False):
+        raise ConfigError("supervise", f"supervise must be a bool, got {c.supervise!r}")
+    if c.supervise and (c.checkpoint_dir is None or c.mode == "none"):
+        raise ConfigError("supervise", "supervise=True restarts a crashed driver from the job's latest checkpoint: "
+                                       "give it a checkpoint_dir, and checkpoints (a mode other than 'none')")
     _count("max_concurrent_checkpoints", c.max_concurrent_checkpoints, 1)
     _count("retained_checkpoints", c.retained_checkpoints, 1)
     _count("tolerable_failed_checkpoints", c.tolerable_failed_checkpoints, 0, none=True)
@@ -307,76 +322,6 @@ def _check_config(c: "JobConfig") -> None:
                                      "(pip install 'cryptography>=41')") from None
 
 
-
-
-@dataclass
-class JobResult:
-    """What ``run()`` returns (and what ``stop_when`` sees while the job runs)."""
-
-    job: str  #: the dataflow's name
-    duration_s: float = 0.0  #: seconds from the start of run() to its end (the progress lines' clock)
-    #: Seconds from the start until every task of the last attempt was running (start-up:
-    #: workers launched, connected, restored); ``duration_s - running_after_s`` is the run.
-    running_after_s: float = 0.0
-    restarts: int = 0  #: attempts started after a failure
-    #: The states the job went through, in order (abs_engine/lifecycle.py): e.g. CREATED,
-    #: SCHEDULING, RUNNING, RECOVERING, SCHEDULING, RESTORING, RUNNING, FINISHED.
-    phases: list[str] = field(default_factory=list)
-    kills: int = 0  #: workers the ``chaos`` option killed
-    #: Workers that died (a signal, a crash) or went silent, whoever killed them; each one
-    #: is followed by a restart (``restarts``) unless the job gave up.
-    workers_lost: int = 0
-    #: Records the sources read in this run, every attempt's (records read again after a
-    #: restore count again: it is work done; an attempt that failed counts what its sources
-    #: had reported, every half second); a resumed run counts only its own.
-    source_records: int = 0
-    attempt_source_records: list[int] = field(default_factory=list)  #: the same, per attempt
-    skipped_records: int = 0  #: dropped by operators with on_error="skip"
-    job_id: str = ""  #: the job's identity in its checkpoints (kept across resumes)
-    failures: list[str] = field(default_factory=list)  #: why each failed attempt failed
-    restored_from: list[int] = field(default_factory=list)  #: the checkpoint each attempt restored (none: started empty)
-    #: Checkpoints a restore passed over (corrupt or incomplete), each with the reason.
-    skipped_checkpoints: list[str] = field(default_factory=list)
-    checkpoint_dir: str = ""  #: where this run's checkpoints went
-    cancelled: bool = False  #: ``stop_when`` ended the job
-    savepoint: str = ""  #: the last savepoint taken (its location)
-    stopped_with_savepoint: bool = False  #: a signal stopped the job after its savepoint
-    #: Every failover: the task that failed and why, the checkpoint restored, the time
-    #: until running again (the most recent KEEP_CHECKPOINT_STATS at least).
-    recoveries: list[RecoveryEvent] = field(default_factory=list)
-    dashboard_url: str = ""  #: where the live dashboard was served ("" without ``dashboard``)
-
-    #: The checkpoints that ended (kept once: the tracker adds to it; the properties below
-    #: read it).
-    history: CheckpointHistory = field(default_factory=CheckpointHistory, repr=False)
-
-    @property
-    def checkpoints(self) -> list[CheckpointStat]:
-        """Completed checkpoints, the most recent KEEP_CHECKPOINT_STATS of them at least.
-        (These lists are the job's history itself, which the dashboard reads: read them,
-        copy them to change them.)"""
-        return self.history.completed
-
-    @property
-    def failed_checkpoints(self) -> list[CheckpointStat]:
-        """Checkpoints that failed (expired) or were aborted (subsumed, a failover, the
-        job's end), each with its reason; the most recent KEEP_CHECKPOINT_STATS at least."""
-        return self.history.failed
-
-    @property
-    def checkpoints_completed(self) -> int:
-        """All of them (``checkpoints`` keeps the recent ones)."""
-        return self.history.counts.get(CheckpointStatus.COMPLETED, 0)
-
-    @property
-    def checkpoints_expired(self) -> int:
-        """Checkpoints that passed ``checkpoint_timeout`` (the only way one fails)."""
-        return self.history.counts.get(CheckpointStatus.FAILED, 0)
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr)
-        return (f"JobResult({fields}, checkpoints_completed={self.checkpoints_completed}, "
-                f"checkpoints_expired={self.checkpoints_expired}, failed={len(self.failed_checkpoints)})")
 
 
 __all__ = ["JobConfig", "JobResult", "CheckpointStat", "CheckpointStatus", "SubtaskStat", "RecoveryEvent",

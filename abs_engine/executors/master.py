@@ -333,8 +333,13 @@ class JobMaster:
 
 
 def run_job(flow: "Dataflow", config: JobConfig) -> JobResult:
-    """Compile ``flow`` and run it on the executor ``config.executor`` names."""
+    """Compile ``flow`` and run it on the executor ``config.executor`` names (under a
+    supervisor with ``config.supervise``: supervisor.py)."""
     plan = flow.compile()
+    if config.supervise:
+        from .supervisor import supervise
+
+        return supervise(flow, config, plan.job)
     # Spark sources read through Spark jobs of their own while the job runs.
     reserve = sum(n.template.spark_slots for n in flow.graph.nodes.values())
     launcher = make_launcher(config, reserve)

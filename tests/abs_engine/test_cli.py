@@ -375,3 +375,28 @@ def test_list_shows_incremental_checkpoints_and_the_retired_ones_they_build_on(t
     assert rows[4].endswith("ok (incremental on 1, 2, 3)")
     assert rows[1].endswith("shared: files used by 4, 5")
     assert rows[3].endswith("shared: files used by 4, 5")
+
+
+def test_run_runs_the_job_a_file_runs_with_its_options_and_the_given_ones(tmp_path, capsys):
+    """`abs-engine run FILE`: the job the file runs (its own options kept: here its
+    parallelism's source split), under a supervisor with --supervise; exact output."""
+    f = tmp_path / "job.py"
+    out = tmp_path / "out"
+    f.write_text(
+        "from abs_engine import Dataflow\n"
+        "from abs_engine.testing import TestingSource, CapturingSink\n"
+        "flow = Dataflow('counted', parallelism=2)\n"
+        f"flow.source(TestingSource(range(500), batch_size=50), name='nums').map(lambda x: (x % 5, 1))"
+        f".key_by(lambda kv: kv[0]).count_final().sink(CapturingSink({str(out)!r}))\n"
+        "flow.run(checkpoint_interval=0.02)\n"
+    )
+    ck = str(tmp_path / "ck")
+    assert main(["run", str(f), "--supervise", "--checkpoint-dir", ck]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("counted: 500 source records") and f"checkpoints in {ck}" in said
+    from abs_engine.testing import CapturingSink
+
+    assert sorted(CapturingSink(out).records()) == [(k, 100) for k in range(5)]
+    # without a checkpoint directory there is nothing to resume a crashed driver from
+    assert main(["run", str(f), "--supervise"]) == 2
+    assert "supervise=True restarts a crashed driver" in capsys.readouterr().err

@@ -69,7 +69,7 @@ def test_every_job_option_and_result_field_is_documented() -> None:
     doc = JobConfig.__doc__ or ""
     missing = [f.name for f in dataclasses.fields(JobConfig) if f"``{f.name}``" not in doc]
     assert not missing, f"JobConfig options without an entry in its docstring: {missing}"
-    for module, classes in (("abs_engine.executors.config", (JobResult,)),
+    for module, classes in (("abs_engine.executors.result", (JobResult,)),
                             ("abs_engine.monitor.model", (CheckpointStat, SubtaskStat, RecoveryEvent))):
         attr_docs = ModuleAnalyzer.for_module(module).find_attr_docs()
         for cls in classes:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from abs_engine.checkpoint.lock import LOCK_FILE, DirectoryLock, LockHolder
+from abs_engine.checkpoint.lock import INHERITED_ENV, LOCK_FILE, DirectoryLock, LockHolder
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
 
 ROOT = str(Path(__file__).resolve().parents[3])
@@ -159,3 +159,36 @@ def test_acquire_twice_on_one_object_is_a_bug(tmp_path):
     with DirectoryLock(str(tmp_path)) as lock:
         with pytest.raises(RuntimeError):
             lock.acquire()
+
+
+def test_a_driver_adopts_the_lock_its_supervisor_holds_and_leaves_it_held(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A supervised driver does not take the lock anew: it adopts the descriptor its
+    supervisor hands down (only one on this very file), and releasing it keeps the
+    supervisor's hold, so no other job gets in between two drivers."""
+    supervisor = DirectoryLock(str(tmp_path), "job").acquire()
+    # what a child inherits: another descriptor of the same open file description
+    monkeypatch.setenv(INHERITED_ENV, str(os.dup(supervisor.fileno())))
+    driver = DirectoryLock(str(tmp_path), "job").acquire()  # would be LOCKED if it took its own
+    assert INHERITED_ENV not in os.environ  # adopted once
+    with pytest.raises(CheckpointError) as e:
+        DirectoryLock(str(tmp_path), "other").acquire()
+    assert e.value.reason is CheckpointErrorReason.LOCKED
+    driver.release()
+    with pytest.raises(CheckpointError):  # the supervisor still holds it
+        DirectoryLock(str(tmp_path), "other").acquire()
+    supervisor.release()
+    DirectoryLock(str(tmp_path), "other").acquire().release()
+
+
+def test_a_handed_down_descriptor_of_another_file_is_not_adopted(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    elsewhere = DirectoryLock(str(tmp_path / "a"), "job").acquire()
+    monkeypatch.setenv(INHERITED_ENV, str(os.dup(elsewhere.fileno())))
+    mine = DirectoryLock(str(tmp_path / "b"), "job").acquire()  # its own lock, not a's
+    assert INHERITED_ENV in os.environ  # not consumed
+    monkeypatch.delenv(INHERITED_ENV)
+    mine.release()
+    with pytest.raises(CheckpointError):
+        DirectoryLock(str(tmp_path / "a"), "other").acquire()  # a is still held
+    elsewhere.release()

@@ -1,0 +1,173 @@
+"""Driver high availability (executors/supervisor.py): the supervised driver SIGKILLed
+three times and the job exact against its batch oracle; a supervisor that gives up says so;
+the directory stays locked between drivers; results and errors cross back as data."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+from abs_engine import CheckpointError, Dataflow, JobFailed
+from abs_engine.checkpoint.remote import open_storage
+from abs_engine.errors import CheckpointErrorReason, ConfigError
+from abs_engine.executors import result_data
+from abs_engine.testing import CapturingSink, GatedSource
+from operators.generators import RangeSource
+
+N = 40_000
+MODULE = b"abs_engine.executors.supervised"
+
+
+def drivers() -> list[int]:
+    """The live supervised drivers this process started."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                state, parent = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if int(parent) == os.getpid() and state != "Z" and MODULE in cmd:
+            out.append(int(name))
+    return out
+
+
+def wait_for(pred: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if v := pred():
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def counting(sink: CapturingSink, gate: str) -> Dataflow:
+    flow = Dataflow("supervised", parallelism=2)
+    flow.source(GatedSource(RangeSource(0, N, batch_size=500), gate, after=N // 8), name="numbers") \
+        .map(lambda x: (x % 7, 1), name="pair").key_by(lambda kv: kv[0]).count(name="count").sink(sink)
+    return flow
+
+
+def oracle() -> list[Any]:
+    seen: collections.Counter[int] = collections.Counter()
+    out = []
+    for x in range(N):
+        seen[x % 7] += 1
+        out.append((x % 7, seen[x % 7]))
+    return sorted(out)
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            box["error"] = e
+
+    t = threading.Thread(target=target)
+    t.start()
+    return t, box
+
+
+def kill_drivers(ck: str, times: int) -> list[int]:
+    """SIGKILL the supervised driver ``times`` times, each once it has completed a
+    checkpoint newer than any before its kill (the job held by its gate meanwhile)."""
+    killed: list[int] = []
+    newest = 0
+    for _ in range(times):
+        pid = wait_for(lambda: [p for p in drivers() if p not in killed], "a driver")[0]
+        wait_for(lambda: max(open_storage(ck).completed_ids(), default=0) > newest, "a newer checkpoint")
+        newest = max(open_storage(ck).completed_ids())
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+    return killed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_supervised_driver_killed_three_times_and_the_job_is_exact(tmp_path):
+    gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
+    sink = CapturingSink(tmp_path / "out")
+    t, box = in_thread(lambda: counting(sink, gate).run(
+        supervise=True, checkpoint_dir=ck, checkpoint_interval=0.05, restart_delay=0.5, driver_restarts=3))
+    try:
+        killed = kill_drivers(ck, 3)
+        # between two drivers, and while one runs, the directory is the supervisor's
+        intruder = Dataflow("intruder")
+        intruder.source(RangeSource(0, 10)).sink(CapturingSink(tmp_path / "x"))
+        with pytest.raises(CheckpointError) as locked:
+            intruder.run(checkpoint_dir=ck, resume=True)
+        assert locked.value.reason is CheckpointErrorReason.LOCKED
+        wait_for(lambda: [p for p in drivers() if p not in killed], "the fourth driver")
+    finally:
+        open(gate, "w").close()
+        t.join(120)
+    assert not t.is_alive()
+    assert "error" not in box, box.get("error")
+    res = box["result"]
+    assert res.restored_from and res.checkpoints_completed >= 1  # the last driver's own run, resumed
+    assert sorted(sink.records()) == oracle()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_supervisor_that_gives_up_says_so_and_frees_the_directory(tmp_path):
+    gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
+    sink = CapturingSink(tmp_path / "out")
+    t, box = in_thread(lambda: counting(sink, gate).run(
+        supervise=True, checkpoint_dir=ck, checkpoint_interval=0.05, restart_delay=0, driver_restarts=1))
+    try:
+        kill_drivers(ck, 2)
+        t.join(60)
+    finally:
+        open(gate, "w").close()
+        t.join(60)
+    err = box.get("error")
+    assert isinstance(err, JobFailed), box
+    text = str(err)
+    assert "crashed 2 times" in text and "killed by signal 9" in text and "driver_restarts=1" in text
+    assert ck in text and "resume=True" in text
+    # the checkpoints are intact and the directory free: a plain resume finishes the job exactly
+    res = counting(sink, gate).run(checkpoint_dir=ck, checkpoint_interval=0.05, resume=True)
+    assert res.restored_from
+    assert sorted(sink.records()) == oracle()
+
+
+def test_supervise_needs_checkpoints_to_resume_from() -> None:
+    flow = Dataflow("f")
+    flow.source(RangeSource(0, 3)).sink(CapturingSink("/nonexistent/never-written"))
+    with pytest.raises(ConfigError) as e:
+        flow.run(supervise=True)
+    assert e.value.option == "supervise" and "checkpoint_dir" in str(e.value)
+    with pytest.raises(ConfigError):
+        flow.run(supervise=True, checkpoint_dir="/tmp/x", mode="none")
+
+
+def test_a_result_and_the_engines_errors_cross_back_as_data(tmp_path) -> None:
+    sink = CapturingSink(tmp_path / "o")
+    flow = Dataflow("small", parallelism=2)
+    flow.source(RangeSource(0, 1000, batch_size=100)).map(lambda x: (x % 3, 1)).key_by(lambda kv: kv[0]).count() \
+        .sink(sink)
+    res = flow.run(executor="inprocess", checkpoint_interval=0.01, checkpoint_dir=str(tmp_path / "ck"))
+    back = result_data.decode(result_data.encode(res))
+    assert back == res and back.history == res.history and back.checkpoints == res.checkpoints
+    locked = CheckpointError(CheckpointErrorReason.LOCKED, "in use")
+    again = result_data.error_from_data(result_data.error_to_data(locked))
+    assert isinstance(again, CheckpointError) and again.reason is CheckpointErrorReason.LOCKED
+    assert str(again) == "in use"
+    other = result_data.error_from_data(result_data.error_to_data(ZeroDivisionError("x")))
+    assert isinstance(other, JobFailed) and "ZeroDivisionError: x" in str(other)
+    with pytest.raises(ValueError):
+        result_data.from_data(result_data.JobResult, {"job": 3})
