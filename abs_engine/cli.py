@@ -23,7 +23,7 @@ from typing import Any
 
 from .api import Dataflow
 from .checkpoint.remote import open_storage
-from .errors import AbsEngineError, CheckpointError, CheckpointErrorReason
+from .errors import AbsEngineError, CheckpointError, CheckpointErrorReason, ConfigError
 
 
 def load_flow(path: str) -> Dataflow:
@@ -100,6 +100,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the job a file defines, with the options it runs it with (none for a
     ``build_flow()``) and those given here; under a supervisor with --supervise."""
+    if args.driver_restarts is not None and not args.supervise:
+        raise ConfigError("driver_restarts", "--driver-restarts counts the drivers --supervise restarts: "
+                                             "give --supervise too")
     flow, config = load_job(args.file, keep_path=True)
     given = {"checkpoint_dir": args.checkpoint_dir, "checkpoint_interval": args.checkpoint_interval,
              "driver_restarts": args.driver_restarts}

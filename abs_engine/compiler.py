@@ -240,9 +240,10 @@ def compile_graph(graph: LogicalGraph) -> Plan:
 
 
 def explain(plan: Plan) -> str:
+    """A human-readable plan: chains (fused operators), edges with back-edges marked, tasks,
+    pipelines and their regions."""
     from .pipelines import describe, find_pipelines
 
-    """A human-readable plan: chains (fused operators), edges with back-edges marked, tasks."""
     lines = [f"job {plan.job!r}: {len(plan.tasks)} tasks in {len(plan.chains)} chains"]
     lines.append("chains (operators fused into one task, records passed by function call):")
     for c in plan.chains:

@@ -92,6 +92,11 @@ class DirectoryLock:
         self._fd: int | None = None
         self._adopted = False
 
+    def restamp(self) -> None:
+        """Say again that this process holds the lock (a supervisor, once its driver, which
+        wrote its own pid there, has ended)."""
+        _stamp(self.fileno(), self.job, self.job_id)
+
     def fileno(self) -> int:
         """The descriptor the lock is held on (a supervisor hands it to its driver)."""
         if self._fd is None:
@@ -119,11 +124,7 @@ class DirectoryLock:
                     f"checkpoint directory {self.root} is in use by {who}: wait for it to end, or stop it; "
                     "two jobs must not share a checkpoint directory",
                 ) from None
-            me = LockHolder(os.getpid(), socket.gethostname(), self.job, self.job_id, time.time(),
-                            sys.argv[0] if sys.argv else "")
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, me.to_json(), 0)
-            os.fsync(fd)
+            _stamp(fd, self.job, self.job_id)
         except BaseException:
             os.close(fd)  # also drops the flock if we took it (not an adopted one: the supervisor holds it)
             raise
@@ -199,6 +200,13 @@ class DirectoryLock:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.release()
+
+
+def _stamp(fd: int, job: str, job_id: str) -> None:
+    me = LockHolder(os.getpid(), socket.gethostname(), job, job_id, time.time(), sys.argv[0] if sys.argv else "")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, me.to_json(), 0)
+    os.fsync(fd)
 
 
 def _read_bounded(fd: int) -> bytes:

@@ -44,6 +44,9 @@ class JobResult:
     #: until running again (the most recent KEEP_CHECKPOINT_STATS at least).
     recoveries: list[RecoveryEvent] = field(default_factory=list)
     dashboard_url: str = ""  #: where the live dashboard was served ("" without ``dashboard``)
+    #: How each crashed driver of a supervised run ended (``supervise``), e.g. "killed by
+    #: signal 9"; empty without supervision or crash.
+    driver_crashes: list[str] = field(default_factory=list)
 
     #: The checkpoints that ended (kept once: the tracker adds to it; the properties below
     #: read it).

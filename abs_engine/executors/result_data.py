@@ -15,9 +15,8 @@ import types
 import typing
 from typing import Any
 
-from .. import codec
-from ..errors import (AbsEngineError, CheckpointError, CheckpointErrorReason, ConfigError, JobFailed,
-                      JobInterrupted)
+from .. import codec, errors
+from ..errors import AbsEngineError, JobFailed
 from .config import JobResult
 
 MAX_RESULT = 64 << 20  #: bytes of an encoded result read at most
@@ -88,29 +87,44 @@ def decode(data: bytes) -> JobResult:
 
 
 def error_to_data(e: BaseException) -> dict[str, Any]:
-    """What a supervised driver says of the error that ended its job."""
-    return {"type": type(e).__name__, "message": str(e),
-            "reason": getattr(getattr(e, "reason", None), "value", None), "option": getattr(e, "option", None),
-            "checkpoint_dir": getattr(e, "checkpoint_dir", None), "operator": getattr(e, "operator", None)}
+    """What a supervised driver says of the error that ended its job: its type's name, its
+    message, and its attributes (plain values, the engine's reason enums by value)."""
+    attrs: dict[str, Any] = {}
+    for name, value in vars(e).items():
+        if isinstance(value, enum.Enum):
+            attrs[name] = {"$enum": type(value).__name__, "value": value.value}
+        elif value is None or isinstance(value, (str, int, float, bool)):
+            attrs[name] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
+            attrs[name] = list(value)
+    return {"type": type(e).__name__, "message": str(e), "attrs": attrs}
 
 
 def error_from_data(d: Any) -> AbsEngineError:
-    """The same error in the supervisor's process: the engine's own types rebuilt (so that
-    ``except CheckpointError`` still works), anything else a JobFailed naming its type."""
-    if not isinstance(d, dict):
-        return JobFailed(f"the supervised driver failed and said {d!r}")
-    kind, message = str(d.get("type")), str(d.get("message"))
-    try:
-        if kind == "CheckpointError":
-            return CheckpointError(CheckpointErrorReason(d.get("reason")), message)
-        if kind == "ConfigError":
-            return ConfigError(str(d.get("option")), message)
-        if kind == "JobInterrupted":
-            cd = d.get("checkpoint_dir")
-            return JobInterrupted(message, cd if isinstance(cd, str) else None)
-        if kind == "JobFailed":
-            op = d.get("operator")
-            return JobFailed(message, op if isinstance(op, str) else None)
-    except ValueError:
-        pass
-    return JobFailed(f"the supervised driver failed: {kind}: {message}")
+    """The same error in the supervisor's process: one of the engine's own error types (so
+    that ``except CheckpointError`` and its ``reason`` still work), with its attributes;
+    anything else a JobFailed naming its type. Only types of abs_engine.errors are built."""
+    if not isinstance(d, dict) or not isinstance(d.get("type"), str) or not isinstance(d.get("message"), str):
+        return JobFailed(f"the supervised driver failed and said {d!r:.300}")
+    kind, message = d["type"], d["message"]
+    cls = getattr(errors, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, AbsEngineError)):
+        return JobFailed(f"the supervised driver failed: {kind}: {message}")
+    err: AbsEngineError = cls.__new__(cls)
+    Exception.__init__(err, message)
+    attrs = d.get("attrs")
+    for name, value in (attrs.items() if isinstance(attrs, dict) else ()):
+        if not isinstance(name, str) or name.startswith("_"):
+            continue
+        if isinstance(value, dict):
+            kind_of = getattr(errors, str(value.get("$enum")), None)
+            if not (isinstance(kind_of, type) and issubclass(kind_of, enum.Enum)):
+                continue
+            try:
+                value = kind_of(value.get("value"))
+            except ValueError:
+                continue
+        elif isinstance(value, (list, tuple)):
+            value = tuple(value)
+        setattr(err, name, value)
+    return err

@@ -7,16 +7,19 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from typing import Any, Callable
 
 import pytest
 
-from abs_engine import CheckpointError, Dataflow, JobFailed
+from abs_engine import CheckpointError, Dataflow, JobFailed, JobInterrupted
 from abs_engine.checkpoint.remote import open_storage
 from abs_engine.errors import CheckpointErrorReason, ConfigError
-from abs_engine.executors import result_data
+from abs_engine.executors import result_data, supervisor
 from abs_engine.testing import CapturingSink, GatedSource
 from operators.generators import RangeSource
 
@@ -118,6 +121,7 @@ def test_the_supervised_driver_killed_three_times_and_the_job_is_exact(tmp_path)
     assert "error" not in box, box.get("error")
     res = box["result"]
     assert res.restored_from and res.checkpoints_completed >= 1  # the last driver's own run, resumed
+    assert res.driver_crashes == ["killed by signal 9"] * 3
     assert sorted(sink.records()) == oracle()
 
 
@@ -171,3 +175,64 @@ def test_a_result_and_the_engines_errors_cross_back_as_data(tmp_path) -> None:
     assert isinstance(other, JobFailed) and "ZeroDivisionError: x" in str(other)
     with pytest.raises(ValueError):
         result_data.from_data(result_data.JobResult, {"job": 3})
+
+
+def test_a_driver_that_ends_by_itself_is_not_restarted_and_its_word_must_be_readable() -> None:
+    with pytest.raises(JobFailed, match="exited with status 3 without saying how the job ended"):
+        supervisor._outcome(b"", 3, False, "/ck", [])
+    with pytest.raises(JobFailed, match="last word is unreadable"):
+        supervisor._outcome(supervisor.RESULT + b"\xc1", 0, False, "/ck", [])
+    with pytest.raises(JobFailed, match="last word is unreadable"):
+        supervisor._outcome(supervisor.RESULT, 0, False, "/ck", [])
+    with pytest.raises(JobInterrupted):  # a stop passed on, then no word: interrupted, not crashed
+        supervisor._outcome(b"", -15, True, "/ck", [])
+
+
+def test_a_job_that_cannot_be_pickled_is_a_config_error_naming_it(tmp_path) -> None:
+    lock = threading.Lock()
+    flow = Dataflow("f")
+    flow.source(RangeSource(0, 3)).sink(CapturingSink(tmp_path / "o"))
+    with pytest.raises(ConfigError, match="cannot be pickled") as e:
+        flow.run(supervise=True, checkpoint_dir=str(tmp_path / "ck"), stop_when=lambda r: lock.locked())
+    assert e.value.option == "supervise"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_sigterm_to_the_supervisor_stops_the_job_with_a_savepoint_and_restarts_nothing(tmp_path):
+    """The driver runs in a session of its own: the supervisor passes SIGTERM on, the
+    driver takes a savepoint and stops, and the supervisor returns that, restarting nothing."""
+    gate, ck, out = str(tmp_path / "gate"), str(tmp_path / "ck"), tmp_path / "out"
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        from tests.abs_engine.executors.test_supervisor import counting
+        from abs_engine.testing import CapturingSink
+        res = counting(CapturingSink({str(out)!r}), {gate!r}).run(
+            supervise=True, checkpoint_dir={ck!r}, checkpoint_interval=0.05)
+        print("stopped", res.stopped_with_savepoint, bool(res.savepoint), res.driver_crashes, flush=True)
+    """))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env, cwd=root)
+    try:
+        wait_for(lambda: os.path.isdir(ck) and open_storage(ck).completed_ids(), "a checkpoint")
+        proc.send_signal(signal.SIGTERM)
+        said, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, said
+    assert said.strip() == "stopped True True []"
+    assert not [p for p in _all_drivers()]  # the driver ended with it
+
+
+def _all_drivers() -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if MODULE in f.read() and open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(int(name))
+        except (OSError, ValueError):
+            continue
+    return out
