@@ -2,11 +2,16 @@
 
 A local job's workers are forked by one fork server per attempt (runtime/fork_server.py):
 they are the server's children and show its command line. Workers started on their own
-(the Spark executor's) show ``abs_engine.runtime.worker HOST PORT TASK GENERATION``."""
+(the Spark executor's) show ``abs_engine.runtime.worker HOST PORT TASK GENERATION``. And
+the two helpers the tests that attack them share: ``wait_for`` another process, and a job
+``run_in_thread``."""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
+from typing import Any, Callable
 
 WORKER = "abs_engine.runtime.worker"
 SERVER = "--fork-server"
@@ -66,3 +71,29 @@ def address(argv: list[str]) -> tuple[str, int]:
     """The driver's address on a worker's command line."""
     i = argv.index(WORKER) + (3 if SERVER in argv else 1)
     return argv[i], int(argv[i + 1])
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll a condition another process makes true (bounded; fails the test on timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """``fn()`` on a thread of its own: its result or its error lands in the box."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            box["error"] = e
+
+    t = threading.Thread(target=target)
+    t.start()
+    return t, box

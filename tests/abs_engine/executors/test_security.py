@@ -10,9 +10,8 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -22,21 +21,10 @@ from abs_engine.errors import CheckpointErrorReason
 from abs_engine.testing import CapturingSink, TestingSource
 
 from .leftover_job import N, build
-from .procs import address, gone, proc_stat, workers_of
+from .procs import address, gone, proc_stat, run_in_thread, wait_for, workers_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll a condition another process makes true (bounded; fails the test on timeout)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Gate:
@@ -54,20 +42,6 @@ class Gate:
             if self.kill:
                 os.kill(os.getpid(), signal.SIGKILL)
         return x
-
-
-def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as e:  # noqa: BLE001
-            box["error"] = e
-
-    t = threading.Thread(target=target)
-    t.start()
-    return t, box
 
 
 def read_all(sock: socket.socket, timeout: float) -> bytes:

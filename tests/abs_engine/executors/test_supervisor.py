@@ -11,8 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -22,6 +21,8 @@ from abs_engine.errors import CheckpointErrorReason, ConfigError
 from abs_engine.executors import result_data, supervisor
 from abs_engine.testing import CapturingSink, GatedSource
 from operators.generators import RangeSource
+
+from .procs import run_in_thread, wait_for
 
 N = 40_000
 MODULE = b"abs_engine.executors.supervised"
@@ -45,15 +46,6 @@ def drivers() -> list[int]:
     return out
 
 
-def wait_for(pred: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if v := pred():
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def counting(sink: CapturingSink, gate: str) -> Dataflow:
     flow = Dataflow("supervised", parallelism=2)
     flow.source(GatedSource(RangeSource(0, N, batch_size=500), gate, after=N // 8), name="numbers") \
@@ -70,28 +62,14 @@ def oracle() -> list[Any]:
     return sorted(out)
 
 
-def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as e:  # noqa: BLE001
-            box["error"] = e
-
-    t = threading.Thread(target=target)
-    t.start()
-    return t, box
-
-
 def kill_drivers(ck: str, times: int) -> list[int]:
     """SIGKILL the supervised driver ``times`` times, each once it has completed a
     checkpoint newer than any before its kill (the job held by its gate meanwhile)."""
     killed: list[int] = []
     newest = 0
     for _ in range(times):
-        pid = wait_for(lambda: [p for p in drivers() if p not in killed], "a driver")[0]
-        wait_for(lambda: max(open_storage(ck).completed_ids(), default=0) > newest, "a newer checkpoint")
+        pid = wait_for(lambda: [p for p in drivers() if p not in killed], 60, "a driver")[0]
+        wait_for(lambda: max(open_storage(ck).completed_ids(), default=0) > newest, 60, "a newer checkpoint")
         newest = max(open_storage(ck).completed_ids())
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
@@ -103,7 +81,7 @@ def kill_drivers(ck: str, times: int) -> list[int]:
 def test_the_supervised_driver_killed_three_times_and_the_job_is_exact(tmp_path):
     gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
     sink = CapturingSink(tmp_path / "out")
-    t, box = in_thread(lambda: counting(sink, gate).run(
+    t, box = run_in_thread(lambda: counting(sink, gate).run(
         supervise=True, checkpoint_dir=ck, checkpoint_interval=0.05, restart_delay=0.5, driver_restarts=3))
     try:
         killed = kill_drivers(ck, 3)
@@ -113,7 +91,7 @@ def test_the_supervised_driver_killed_three_times_and_the_job_is_exact(tmp_path)
         with pytest.raises(CheckpointError) as locked:
             intruder.run(checkpoint_dir=ck, resume=True)
         assert locked.value.reason is CheckpointErrorReason.LOCKED
-        wait_for(lambda: [p for p in drivers() if p not in killed], "the fourth driver")
+        wait_for(lambda: [p for p in drivers() if p not in killed], 60, "the fourth driver")
     finally:
         open(gate, "w").close()
         t.join(120)
@@ -130,7 +108,7 @@ def test_the_supervised_driver_killed_three_times_and_the_job_is_exact(tmp_path)
 def test_a_supervisor_that_gives_up_says_so_and_frees_the_directory(tmp_path):
     gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
     sink = CapturingSink(tmp_path / "out")
-    t, box = in_thread(lambda: counting(sink, gate).run(
+    t, box = run_in_thread(lambda: counting(sink, gate).run(
         supervise=True, checkpoint_dir=ck, checkpoint_interval=0.05, restart_delay=0, driver_restarts=1))
     try:
         kill_drivers(ck, 2)
@@ -215,7 +193,7 @@ def test_sigterm_to_the_supervisor_stops_the_job_with_a_savepoint_and_restarts_n
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env, cwd=root)
     try:
-        wait_for(lambda: os.path.isdir(ck) and open_storage(ck).completed_ids(), "a checkpoint")
+        wait_for(lambda: os.path.isdir(ck) and open_storage(ck).completed_ids(), 60, "a checkpoint")
         proc.send_signal(signal.SIGTERM)
         said, _ = proc.communicate(timeout=90)
     finally:
