@@ -66,6 +66,18 @@ class _Lines:
         return (lines + ["", ""])[0], (lines + ["", ""])[1]
 
 
+def _name_process(task: str) -> None:
+    """Name the worker after its task in ``/proc/PID/comm`` (what ``top`` and ``ps -o comm``
+    show): its command line is the server's, without the task. Best effort."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, f"abs {task}".encode()[:15], 0, 0, 0)  # PR_SET_NAME: at most 15 bytes
+    except (OSError, AttributeError):
+        pass
+
+
 def serve(args: list[str]) -> int:
     events_fd, host, port, generation = int(args[0]), args[1], int(args[2]), int(args[3])
     # The terminal's Ctrl-C reaches the process group; the driver decides what it means.
@@ -94,6 +106,7 @@ def serve(args: list[str]) -> int:
                 null = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(null, 0)
                 os.close(null)
+                _name_process(task)
                 code = run_worker(host, port, task, generation, host, secret, material)
             except BaseException:  # noqa: BLE001 - this is the worker's last word
                 traceback.print_exc()

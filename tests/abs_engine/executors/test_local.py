@@ -50,7 +50,7 @@ def test_forked_workers_carry_the_attempts_identity_and_report_how_they_ended(tm
     server = servers_of(os.getpid())
     assert len(server) == 1
     assert set(workers_of(os.getpid())) == {w.pid for w in workers.values()}
-    for w in workers.values():
+    for task, w in workers.items():
         assert w.pid is not None and w.poll() is None
         assert proc_stat(w.pid)[1] == server[0]  # type: ignore[index]
         # what the fence reads to tell a stale worker of this job (checkpoint/fence.py)
@@ -58,6 +58,8 @@ def test_forked_workers_carry_the_attempts_identity_and_report_how_they_ended(tm
             assert fence.WORKER_MODULE in f.read()
         env = environ(w.pid)
         assert env[fence.TOKEN_ENV.encode()] == b"job/run/3"
+        with open(f"/proc/{w.pid}/comm") as f:  # top and ps -o comm name its task
+            assert f.read().strip() == f"abs {task}"
         assert env[b"PYTHONHASHSEED"] == b"0"
     workers["a#0"].kill()
     conns[0].close()
