@@ -108,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
              "driver_restarts": args.driver_restarts}
     config.update({k: v for k, v in given.items() if v is not None})
     if args.resume:
-        config["resume"] = "if-present" if args.resume == "if-present" else True
+        config["resume"] = args.resume  # True, or "if-present"
     if args.supervise:
         config["supervise"] = True
     if args.progress:

@@ -1,6 +1,7 @@
 """The shape of an operator's keyed state, declared so that the runtime can split it when the
-operator's parallelism changes (``redistribute``, called by runtime/restore.py: written
-once for every operator family; the operator writes no rescale code).
+operator's parallelism changes (``redistribute``: ``Operator.rescale_state``'s default,
+which runtime/restore.py asks for; written once for every operator family, the operator
+writes no rescale code).
 
 An operator declares ``state_layout`` (operators/base.py): one ``Part`` for the whole of
 what its ``snapshot`` returns, or a mapping from the fields of that state map to their parts:

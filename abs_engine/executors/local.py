@@ -4,8 +4,9 @@ Each attempt starts one fork server (runtime/fork_server.py) with this interpret
 ``sys.path`` and the attempt's environment, and it forks one worker per task: a worker so
 started skips the interpreter's start and the engine's imports (a quarter of a second of
 CPU each). The attempt's secret goes to the server on stdin, one hex line, followed by a
-line with the attempt's TLS material if the job has ``tls`` on; then the task ids. The
-server reports each worker's pid and, when it has reaped it, its exit status.
+line with the attempt's TLS material if the job has ``tls`` on; then a ``fork TASK`` line
+per worker. The server reports each worker's pid and, once the launcher has acknowledged
+it and it has been reaped, its exit status (the protocol: runtime/fork_server.py).
 ``worker_command``/``spawn_worker`` start one worker on its own (the Spark executor's way).
 ``PYTHONHASHSEED`` is pinned for every worker (as PySpark does) so that hash partitioning
 agrees across workers and restarts.
@@ -187,7 +188,7 @@ class ForkServer:
             code = self.proc.wait(timeout=5.0)  # its events pipe closed: it is exiting
         except subprocess.TimeoutExpired:
             return "stopped reporting"
-        return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        return ("was " if code < 0 else "") + describe_exit(code)
 
     def signal(self, task: str, sig: int) -> None:
         with self.cond:
@@ -278,8 +279,13 @@ def reap(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
                 pass
 
 
-def _servers(workers: Mapping[str, WorkerProcess]) -> list[ForkServer]:
-    return list({id(w.server): w.server for w in workers.values() if isinstance(w, ForkedProcess)}.values())
+def _by_server(workers: Mapping[str, WorkerProcess]) -> list[tuple[ForkServer, list[str]]]:
+    """The fork servers of ``workers`` and the tasks each forked."""
+    tasks: dict[int, tuple[ForkServer, list[str]]] = {}
+    for t, w in workers.items():
+        if isinstance(w, ForkedProcess):
+            tasks.setdefault(id(w.server), (w.server, []))[1].append(t)
+    return list(tasks.values())
 
 
 class LocalLauncher:
@@ -306,16 +312,14 @@ class LocalLauncher:
     def wait_exit(self, workers: Mapping[str, WorkerProcess], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         reap([w.proc for w in workers.values() if isinstance(w, LocalProcess)], timeout)
-        for server in _servers(workers):
-            mine = [t for t, w in workers.items() if isinstance(w, ForkedProcess) and w.server is server]
+        for server, mine in _by_server(workers):
             if not server.wait(mine, deadline):
                 for t in mine:
                     workers[t].kill()
         self._end(workers, deadline)
 
     def _end(self, workers: Mapping[str, WorkerProcess], deadline: float) -> None:
-        for server in _servers(workers):
-            mine = [t for t, w in workers.items() if isinstance(w, ForkedProcess) and w.server is server]
+        for server, mine in _by_server(workers):
             server.wait(mine, max(deadline, time.monotonic() + 5.0))  # SIGKILLed: reaped at once
             server.close(max(0.0, deadline - time.monotonic()) + 5.0)
             if server in self.servers:

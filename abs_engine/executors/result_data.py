@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import codec, errors
 from ..errors import AbsEngineError, JobFailed
-from .config import JobResult
+from .result import JobResult
 
 MAX_RESULT = 64 << 20  #: bytes of an encoded result read at most
 

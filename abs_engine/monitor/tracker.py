@@ -27,8 +27,8 @@ from ..checkpoint.metadata import Metadata
 from ..lifecycle import ENDED, Phase
 from ..plan import Plan
 from . import docs
-from .model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointHistory, CheckpointStat, CheckpointStatus, RecoveryEvent,
-                    SubtaskStat)
+from .model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointHistory, CheckpointStat,
+                    CheckpointStatus, RecoveryEvent, SubtaskStat)
 
 SAMPLES = 300  #: throughput samples kept, one per SAMPLE_EVERY seconds
 SAMPLE_EVERY = 1.0

@@ -58,12 +58,13 @@ class _Lines:
         return [ln.decode("utf-8", "replace") for ln in lines]
 
     def first_two(self) -> tuple[str, str]:
+        """The first two whole lines ("" for each missing at the end of input); what
+        follows them (requests that came with the secret) stays for ``take``."""
         while self.buf.count(b"\n") < 2 and not self.eof:
             self.fill()
-        lines = self.take()
-        if len(lines) > 2:  # requests that came with the secret
-            self.buf = b"\n".join(ln.encode() for ln in lines[2:]) + b"\n" + self.buf
-        return (lines + ["", ""])[0], (lines + ["", ""])[1]
+        *lines, self.buf = self.buf.split(b"\n", 2)
+        first, second = ([ln.decode("utf-8", "replace") for ln in lines] + ["", ""])[:2]
+        return first, second
 
 
 def _name_process(task: str) -> None:

@@ -76,13 +76,20 @@ def kill_drivers(ck: str, times: int) -> list[int]:
     return killed
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_the_supervised_driver_killed_three_times_and_the_job_is_exact(tmp_path):
+def supervised(tmp_path, **options: Any) -> tuple[str, str, CapturingSink, threading.Thread, dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """The counting job run under a supervisor on a thread, held by its gate: (gate, its
+    checkpoint directory, its sink, the thread, the box its result or error lands in)."""
     gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
     sink = CapturingSink(tmp_path / "out")
     t, box = run_in_thread(lambda: counting(sink, gate).run(
-        supervise=True, checkpoint_dir=ck, checkpoint_interval=0.05, restart_delay=0.5, driver_restarts=3))
+        supervise=True, checkpoint_dir=ck, checkpoint_interval=0.05, **options))
+    return gate, ck, sink, t, box
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_supervised_driver_killed_three_times_and_the_job_is_exact(tmp_path):
+    gate, ck, sink, t, box = supervised(tmp_path, restart_delay=0.5, driver_restarts=3)
     try:
         killed = kill_drivers(ck, 3)
         # between two drivers, and while one runs, the directory is the supervisor's
@@ -106,10 +113,7 @@ def test_the_supervised_driver_killed_three_times_and_the_job_is_exact(tmp_path)
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_supervisor_that_gives_up_says_so_and_frees_the_directory(tmp_path):
-    gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
-    sink = CapturingSink(tmp_path / "out")
-    t, box = run_in_thread(lambda: counting(sink, gate).run(
-        supervise=True, checkpoint_dir=ck, checkpoint_interval=0.05, restart_delay=0, driver_restarts=1))
+    gate, ck, sink, t, box = supervised(tmp_path, restart_delay=0, driver_restarts=1)
     try:
         kill_drivers(ck, 2)
         t.join(60)
