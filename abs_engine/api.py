@@ -151,7 +151,8 @@ class Dataflow:
         who starts the workers)."""
         if PlanOnly.active:
             raise PlanOnly(self, config)  # `abs-engine plan`/`run` load the file: loading never runs a job
-        from .executors.master import JobConfig, run_job
+        from .executors.config import JobConfig
+        from .executors.run import run_job
 
         return run_job(self, JobConfig(**config))
 

@@ -120,8 +120,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def pipeline_dirs(location: str) -> list[str]:
+    """The ``pipeline-<name>`` directories of a job run pipeline by pipeline (none for a job
+    run as one, or a remote location)."""
+    from . import fs
+    from .pipelines import DIR_PREFIX
+
+    if fs.is_remote(location) or not os.path.isdir(fs.local_path(location)):
+        return []
+    return sorted(n for n in os.listdir(fs.local_path(location)) if n.startswith(DIR_PREFIX))
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    storage = open_storage(args.dir)
+    pipelines = pipeline_dirs(args.dir)
+    if pipelines and not open_storage(args.dir).ids_on_disk():
+        for i, name in enumerate(pipelines):  # each pipeline's checkpoints, apart (their own ids)
+            if i:
+                print()
+            print(f"{name}:")
+            list_checkpoints(open_storage(os.path.join(args.dir, name)))
+        return 0
+    return list_checkpoints(open_storage(args.dir))
+
+
+def list_checkpoints(storage: Any) -> int:
     ids = storage.ids_on_disk()
     if not ids:
         print(f"no checkpoints in {storage.root}")
@@ -171,6 +193,10 @@ def key_groups_of(state: Any, max_parallelism: int) -> dict[int, list[int]] | No
 
 def cmd_show(args: argparse.Namespace) -> int:
     storage = open_storage(args.dir)
+    if (pipelines := pipeline_dirs(args.dir)) and not storage.ids_on_disk():
+        raise CheckpointError(CheckpointErrorReason.NOT_FOUND,
+                              f"{storage.root} holds a checkpoint directory per pipeline ({', '.join(pipelines)}): "
+                              f"show one of them, e.g. abs-engine checkpoints show {os.path.join(args.dir, pipelines[0])}")
     cid = args.id
     if cid is None:
         meta, _ = storage.latest_valid()
@@ -231,6 +257,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from . import fs
     from .monitor.report import write_report
 
+    if (pipelines := pipeline_dirs(args.dir)) and not os.path.exists(os.path.join(args.dir, "_job_stats.json")):
+        raise CheckpointError(CheckpointErrorReason.NOT_FOUND,
+                              f"{args.dir} holds the statistics of each pipeline apart ({', '.join(pipelines)}): "
+                              f"report on one of them, e.g. abs-engine report {os.path.join(args.dir, pipelines[0])}")
     out = args.output or (os.path.join(fs.local_path(args.dir), "report.html") if not fs.is_remote(args.dir)
                           else "report.html")
     write_report(args.dir, out)

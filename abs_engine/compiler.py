@@ -259,6 +259,6 @@ def explain(plan: Plan) -> str:
         ins = len(t.inputs)
         outs = sum(len(o.channels) for o in t.outputs)
         lines.append(f"  {t.id}: {ins} input channel(s), {outs} output channel(s)")
-    lines.append("pipelines and their failover regions (a failure still restarts the whole job):")
+    lines.append("pipelines (a failure restarts its own pipeline only; failover='job': the whole job) and their regions:")
     lines += [describe(p) for p in find_pipelines(plan)]
     return "\n".join(lines)

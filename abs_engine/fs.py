@@ -75,6 +75,15 @@ def local_path(location: str) -> str:
     return os.path.abspath(location)
 
 
+def join(location: str, *names: str) -> str:
+    """``names`` below ``location``: a local path, or a URI whose query (its options and
+    credentials) stays at its end."""
+    if not is_remote(location):
+        return os.path.join(local_path(location), *names)
+    head, sep, query = location.partition("?")
+    return "/".join([head.rstrip("/"), *names]) + sep + query
+
+
 def redact(location: str) -> str:
     """``location`` with credentials in its query or user-info replaced by ``***``."""
     if not is_uri(location):

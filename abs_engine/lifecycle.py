@@ -39,7 +39,8 @@ ENDED = frozenset({Phase.FINISHED, Phase.FAILED, Phase.CANCELED})
 
 #: Where each state may go, besides ending (FAILED, CANCELED; FINISHED where listed).
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.CREATED: frozenset({Phase.SCHEDULING}),
+    # A pipeline whose savepoint is its committed final checkpoint has nothing to run (pipelined.py).
+    Phase.CREATED: frozenset({Phase.SCHEDULING, Phase.FINISHED}),
     Phase.SCHEDULING: frozenset({Phase.RESTORING, Phase.RUNNING, Phase.RECOVERING}),
     # A restore of the job's final checkpoint only commits it: it finishes without running.
     Phase.RESTORING: frozenset({Phase.RUNNING, Phase.RECOVERING, Phase.FINISHED}),

@@ -10,7 +10,8 @@ Checked at start, before the lock is taken or anything is written (``prepare``),
   given is resolved once, as the user chose it);
 - owned by the user running the job, not writable by group or others (another local user
   who can write it can plant, delete or replace checkpoints);
-- empty, or holding only what abs-engine writes there (``chk-N`` checkpoints, ``_lock``,
+- empty, or holding only what abs-engine writes there (``chk-N`` checkpoints, a job of
+  several pipelines' ``pipeline-<name>`` directories, ``_lock``,
   ``_fence``, ``_control``, ``_job_stats.json``, ``savepoints``, ``report.html`` and their
   temporary files): a directory of other files is somebody else's;
 - on a writable file system (a read-only mount is refused at once, not at the first
@@ -32,7 +33,7 @@ import stat
 from ..errors import CheckpointError, CheckpointErrorReason
 
 #: Names abs-engine writes at the top of a checkpoint directory (and their temporaries).
-ENGINE_NAMES = re.compile(r"^(chk-\d{6,}|_lock|_fence|_control|_job_stats\.json|savepoints|report\.html"
+ENGINE_NAMES = re.compile(r"^(chk-\d{6,}|pipeline-[A-Za-z0-9_.-]{1,100}|_lock|_fence|_control|_job_stats\.json|savepoints|report\.html"
                           r"|\.tmp-[0-9a-f]{12}-.+|\.report-.+\.html)$")
 #: Never a checkpoint directory, however empty.
 SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/media", "/mnt", "/opt",

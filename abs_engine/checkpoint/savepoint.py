@@ -40,11 +40,8 @@ def write_savepoint(source: CheckpointStorage, meta: Metadata, directory: str) -
     """Copy checkpoint ``meta`` of ``source`` into a new savepoint below ``directory``;
     returns the savepoint's location (a path, or a URI without credentials)."""
     name = savepoint_name(meta.job, meta.checkpoint_id)
-    if fs.is_remote(directory):
-        head, sep, query = directory.partition("?")
-        target = f"{head.rstrip('/')}/{name}{sep}{query}"
-    else:
-        target = fs.local_path(directory) + "/" + name
+    target = fs.join(directory, name)
+    if not fs.is_remote(directory):
         fs.LocalDir(directory, private=True).make_root()
         fs.LocalDir(target, private=True).make_root()
     blobs = source.read_blobs(meta.checkpoint_id, meta, list(meta.tasks))  # verified: size and sha256

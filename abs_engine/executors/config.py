@@ -18,6 +18,7 @@ from .result import JobResult
 MODES = ("aligned", "unaligned", "none", "stop-the-world")
 EXECUTORS = ("local", "spark", "inprocess")
 RESUME = (False, True, "if-present")
+FAILOVER = ("pipeline", "job")
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 #: Bytes of back-edge input a task holds in memory before it spills the rest to disk.
 DEFAULT_LOOP_MEMORY = 64 << 20
@@ -79,6 +80,14 @@ class JobConfig:
         times (default 3), each time from the newest checkpoint; the supervisor holds the
         checkpoint directory's lock meanwhile (executors/supervisor.py). Needs a
         ``checkpoint_dir`` and checkpoints.
+    ``failover``
+        what a failure restarts. ``"pipeline"`` (default): only the failed task's pipeline
+        (operators connected upstream and downstream, loops included); a job of several
+        pipelines runs each as a job of its own (its own coordinator, checkpoint ids,
+        checkpoints in ``checkpoint_dir/pipeline-<first operator>/`` and restarts:
+        executors/pipelined.py) and the others run on. ``"job"``: every task (global
+        failover, one checkpoint for the whole job). The same for a job of one pipeline,
+        and under the in-process executor (the whole job in one thread).
     ``progress``
         print a progress line to stderr about once a second.
     ``chaos``
@@ -224,6 +233,7 @@ class JobConfig:
     loop_spill_dir: str | None = None
     supervise: bool = False
     driver_restarts: int = 3
+    failover: str = "pipeline"
 
     def __post_init__(self) -> None:
         _check_config(self)
@@ -252,6 +262,8 @@ def _check_config(c: "JobConfig") -> None:
     a ConfigError naming the option and what it accepts."""
     if c.executor not in EXECUTORS:
         raise ConfigError("executor", f"executor must be one of {EXECUTORS}, got {c.executor!r}")
+    if c.failover not in FAILOVER:
+        raise ConfigError("failover", f"failover must be one of {FAILOVER}, got {c.failover!r}")
     if c.mode not in MODES:
         raise ConfigError("mode", f"mode must be one of {MODES}, got {c.mode!r}")
     if c.mode != "none":

@@ -19,6 +19,7 @@ from .. import fs
 from ..checkpoint.directory import prepare as prepare_directory
 from ..checkpoint.remote import RemoteStorage, open_storage
 from ..checkpoint.storage import CheckpointStorage
+from ..pipelines import DIR_PREFIX
 from ..errors import CheckpointError, CheckpointErrorReason, ConfigError
 from .config import JobConfig
 
@@ -40,6 +41,15 @@ def open_job_storage(cfg: JobConfig) -> tuple[CheckpointStorage, str, bool]:
 
 def check_resume(storage: CheckpointStorage, cfg: JobConfig) -> None:
     """What the directory holds agrees with ``resume`` (ask under the directory's lock)."""
+    if not storage.completed_ids() and not fs.is_remote(storage.root) and os.path.isdir(storage.root):
+        pipelines = sorted(n for n in os.listdir(storage.root) if n.startswith(DIR_PREFIX))
+        if pipelines:
+            raise CheckpointError(
+                CheckpointErrorReason.PLAN_MISMATCH,
+                f"checkpoint directory {storage.shown} holds the checkpoints of a job run pipeline by pipeline "
+                f"({', '.join(pipelines)}), and this run restores the job as one (failover='job', the in-process "
+                "executor, or a dataflow of one pipeline): run it as it was run (failover='pipeline' with its "
+                "pipelines), or use another directory")
     if storage.completed_ids() and not cfg.resume:
         raise CheckpointError(
             CheckpointErrorReason.DIRECTORY_NOT_EMPTY,
@@ -52,6 +62,17 @@ def check_resume(storage: CheckpointStorage, cfg: JobConfig) -> None:
             f"resume=True, but checkpoint directory {storage.shown} holds no checkpoint to resume from: "
             "check the path, or pass resume='if-present' to start afresh when there is none",
         )
+
+
+def any_checkpoints(storage: CheckpointStorage) -> bool:
+    """The directory holds a completed checkpoint: the job's, or one of its pipelines'
+    (``pipeline-<name>/``, a job run pipeline by pipeline)."""
+    if storage.completed_ids():
+        return True
+    if fs.is_remote(storage.root) or not os.path.isdir(storage.root):
+        return False
+    return any(open_storage(os.path.join(storage.root, n)).completed_ids()
+               for n in sorted(os.listdir(storage.root)) if n.startswith(DIR_PREFIX))
 
 
 def check_spill_dir(cfg: JobConfig, has_loops: bool) -> None:

@@ -32,7 +32,7 @@ import socket
 import sys
 import time
 import uuid
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from .. import auth, codeship
 from ..tls import Material
@@ -63,8 +63,6 @@ from .requests import SavepointRequests
 from .signals import Signals
 from .source_records import SourceRecords
 
-if TYPE_CHECKING:
-    from ..api import Dataflow
 
 
 class JobMaster:
@@ -79,6 +77,9 @@ class JobMaster:
         self.layout = plan.layout()
         self.max_parallelism = int(self.layout.get("max_parallelism", 128))
         self.result = JobResult(job=plan.job)
+        #: What messages call it: the job, or one pipeline of it (executors/pipelined.py).
+        self.what = f"job {plan.job!r}"
+        self.log_prefix = plan.job  #: the progress lines' prefix
         self.source_tasks = [t.id for t in plan.tasks if plan.chain(t.chain).is_source]
         #: Records the sources read in this run, over every attempt (source_records.py).
         self.sources = SourceRecords(self.result)
@@ -113,11 +114,17 @@ class JobMaster:
                 t.driver_start()
                 started.append(t)
             self.code = codeship.ship(self.graph)
-            with self.signals.handled(self.config.stop_with_savepoint_on_signal), self._dashboard():
-                return self._run()
+            with self.signals.handled(self.config.stop_with_savepoint_on_signal):
+                return self.run_shipped()
         finally:
             for t in started:
                 t.driver_stop()
+
+    def run_shipped(self) -> JobResult:
+        """Run the job once its code is shipped and its driver hooks ran (``run``; a
+        pipeline's master is called here by the job's, executors/pipelined.py)."""
+        with self._dashboard():
+            return self._run()
 
     @contextlib.contextmanager
     def _dashboard(self) -> Iterator[None]:
@@ -130,7 +137,7 @@ class JobMaster:
         with Dashboard(self.tracker, self.config.dashboard_host, self.config.dashboard,
                        token=self.config.dashboard_token) as board:
             self.result.dashboard_url = board.url
-            print(f"[{self.plan.job}] dashboard: {board.url}", file=sys.stderr, flush=True)
+            print(f"[{self.log_prefix}] dashboard: {board.url}", file=sys.stderr, flush=True)
             yield
 
     def _run(self) -> JobResult:
@@ -185,7 +192,7 @@ class JobMaster:
         else:
             how = (f"its checkpoints are in {kept}: resume with run(resume=True, checkpoint_dir={kept!r}) "
                    f"(--resume --checkpoint-dir {kept})")
-        return JobInterrupted(f"job {self.plan.job!r} stopped at once ({why}), without a savepoint; every worker "
+        return JobInterrupted(f"{self.what} stopped at once ({why}), without a savepoint; every worker "
                               f"was stopped; {how}", kept)
 
     def _attempts(self, storage: CheckpointStorage) -> None:
@@ -239,7 +246,7 @@ class JobMaster:
                     if verdict.decision is Decision.RESTART:
                         self.lifecycle.to(Phase.RECOVERING)
                     if verdict.decision is Decision.FAIL:
-                        raise JobFailed(f"job {self.plan.job!r} {verdict.why}: {f}", f.operator, f.traceback) from None
+                        raise JobFailed(f"{self.what} {verdict.why}: {f}", f.operator, f.traceback) from None
                     attempt += 1
                     self.result.restarts += 1
                     self.tracker.failed_over(f.task, f.public, attempt, at=f.time)
@@ -254,7 +261,7 @@ class JobMaster:
 
     def _log(self, msg: str) -> None:
         if self.config.progress:
-            print(f"[{self.plan.job}] {msg}", file=sys.stderr, flush=True)
+            print(f"[{self.log_prefix}] {msg}", file=sys.stderr, flush=True)
 
     # ---- one attempt ------------------------------------------------------------------------
 
@@ -332,40 +339,4 @@ class JobMaster:
         return attempt
 
 
-def run_job(flow: "Dataflow", config: JobConfig) -> JobResult:
-    """Compile ``flow`` and run it on the executor ``config.executor`` names (under a
-    supervisor with ``config.supervise``: supervisor.py)."""
-    plan = flow.compile()
-    if config.supervise:
-        from .supervisor import supervise
-
-        return supervise(flow, config, plan.job)
-    # Spark sources read through Spark jobs of their own while the job runs.
-    reserve = sum(n.template.spark_slots for n in flow.graph.nodes.values())
-    launcher = make_launcher(config, reserve)
-    try:
-        master = JobMaster(flow.graph, plan, config, launcher)
-        res = master.run()
-    finally:
-        if launcher is not None:
-            launcher.close()
-    master.sources.count()
-    return res
-
-
-def make_launcher(config: JobConfig, reserve_slots: int = 0) -> Launcher | None:
-    """Who starts the workers (None: the in-process executor has none)."""
-    if config.executor == "inprocess":
-        return None
-    if config.executor == "local":
-        from .local import LocalLauncher
-
-        return LocalLauncher(config.host)
-    if config.executor == "spark":
-        from .spark import SparkLauncher
-
-        return SparkLauncher(config.spark, reserve_slots)
-    raise ValueError(f"unknown executor {config.executor!r}")
-
-
-__all__ = ["JobMaster", "run_job", "JobConfig", "JobResult", "WorkerFailure"]
+__all__ = ["JobMaster", "JobConfig", "JobResult", "WorkerFailure"]

@@ -47,6 +47,12 @@ class JobResult:
     #: How each crashed driver of a supervised run ended (``supervise``), e.g. "killed by
     #: signal 9"; empty without supervision or crash.
     driver_crashes: list[str] = field(default_factory=list)
+    #: A job of several pipelines run with ``failover="pipeline"`` (executors/pipelined.py):
+    #: each pipeline's own result, in pipeline order (the fields above are then the job's:
+    #: totals, every pipeline's failures and checkpoints). Empty for a job run as one.
+    pipelines: list["JobResult"] = field(default_factory=list)
+    #: The pipeline this result is of (its first operator's name); "" for a whole job.
+    pipeline: str = ""
 
     #: The checkpoints that ended (kept once: the tracker adds to it; the properties below
     #: read it).

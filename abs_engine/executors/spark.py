@@ -8,8 +8,10 @@ for each task it hosts, hands it the attempt's secret (and, with ``tls`` on, the
 TLS material) on stdin (both reach the executor inside the pickled stage function, never
 on a command line), binds it to the
 executor's own address (``BarrierTaskContext.getTaskInfos()``), and waits for them. A worker
-that fails fails its Spark task, and a barrier stage fails as a whole: a global failover,
-as on the local launcher. ``stop()`` cancels the stage's job group; workers it cannot reach
+that fails fails its Spark task, and a barrier stage fails as a whole: the attempt fails
+over, as on the local launcher. A job of several pipelines (executors/pipelined.py) has a
+launcher, and so a barrier stage, per pipeline: a failure cancels only its pipeline's
+stage; each launcher counts the slots the other pipelines' stages hold. ``stop()`` cancels the stage's job group; workers it cannot reach
 exit on their own (their watchdog ends them when the driver connection or their parent
 process is gone).
 

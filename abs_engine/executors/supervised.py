@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
         import cloudpickle
 
         flow, config = cloudpickle.loads(sys.stdin.buffer.read(size))
-        from .master import run_job
+        from .run import run_job
 
         result = run_job(flow, config)
     except KeyboardInterrupt:  # passed on by the supervisor before the job could take it

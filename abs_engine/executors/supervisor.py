@@ -40,7 +40,7 @@ from ..checkpoint.remote import control_dir
 from ..errors import ConfigError, JobFailed, JobInterrupted
 from . import result_data
 from .config import JobConfig
-from .job_storage import open_job_storage
+from .job_storage import any_checkpoints, open_job_storage
 from .result import JobResult
 
 #: A driver's last word on its result pipe: its result, or the error that ended the job.
@@ -78,12 +78,12 @@ def supervise(flow: object, config: JobConfig, compiled_job: str) -> JobResult:
             crashes.append(f"killed by signal {-code}")
             if len(crashes) > config.driver_restarts:
                 where = (f"The checkpoints in {storage.shown} are intact: fix the cause, then run again with "
-                         "resume=True (--resume)") if storage.completed_ids() else "No checkpoint had completed."
+                         "resume=True (--resume)") if any_checkpoints(storage) else "No checkpoint had completed."
                 raise JobFailed(f"the driver crashed {len(crashes)} times ({'; '.join(crashes)}): the supervisor "
                                 f"gave up (driver_restarts={config.driver_restarts}). {where}")
             _say(compiled_job, f"the driver was killed by signal {-code}; restarting it ({len(crashes)} of "
                                f"{config.driver_restarts}) from the latest checkpoint")
-            if storage.completed_ids():
+            if any_checkpoints(storage):
                 # From now on the newest checkpoint (the master still falls back to the
                 # savepoint it began from if none of them verifies).
                 payload = cloudpickle.dumps((flow, dataclasses.replace(run, resume=True)))

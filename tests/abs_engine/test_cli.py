@@ -129,6 +129,23 @@ def test_list(ckdir, capsys):
     assert " 3 " in rows[1]  # tasks
 
 
+def test_a_job_of_pipelines_lists_each_and_shows_or_reports_one(tmp_path, capsys):
+    d = tmp_path / "ck"
+    make_checkpoint(CheckpointStorage(str(d / "pipeline-read")), 4, STATES)
+    make_checkpoint(CheckpointStorage(str(d / "pipeline-other")), 7, {"other#0": {"other": 5}})
+    assert main(["checkpoints", "list", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert out.index("pipeline-other:") < out.index("pipeline-read:")
+    mine = out.split("pipeline-read:")[1]
+    assert [int(line.split()[0]) for line in mine.splitlines()[2:]] == [4]
+    assert [int(line.split()[0]) for line in out.split("pipeline-read:")[0].splitlines()[2:] if line] == [7]
+    for argv in (["checkpoints", "show", str(d)], ["report", str(d)]):
+        assert main(argv) == 2
+        assert f"e.g. abs-engine {' '.join(argv[:-1])} {d / 'pipeline-other'}" in capsys.readouterr().err
+    assert main(["checkpoints", "show", str(d / "pipeline-read")]) == 0
+    assert "checkpoint 4 of job 'wc'" in capsys.readouterr().out
+
+
 def test_list_marks_invalid_checkpoints(ckdir, capsys):
     d, s = ckdir
     make_checkpoint(s, 3, STATES)

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from abs_engine.api import Dataflow
 from abs_engine.compiler import compile_graph, explain, to_networkx
 from abs_engine.graph import LogicalGraph
-from abs_engine.pipelines import find_pipelines
+from abs_engine.pipelines import find_pipelines, restrict
+from abs_engine.plan import Plan
 from abs_engine.testing import CapturingSink, TestingSource
 
 from .test_compiler import valid_graphs
@@ -41,6 +42,31 @@ def test_pipelines_and_regions_partition_the_tasks_of_random_dataflows(graph: Lo
             assert len(r) == 1 or (set(r) <= set(links) and nx.is_connected(links.subgraph(r))), r
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_graphs())
+def test_a_plan_restricted_to_each_pipeline_loses_and_adds_nothing(graph: LogicalGraph) -> None:
+    plan = compile_graph(graph)
+    found = find_pipelines(plan)
+    parts = [restrict(plan, p) for p in found]
+    assert sorted(t.id for q in parts for t in q.tasks) == sorted(t.id for t in plan.tasks)
+    assert sorted(o.name for q in parts for o in q.operators) == sorted(o.name for o in plan.operators)
+    assert sum(len(q.edges) for q in parts) == len(plan.edges)
+    for p, q in zip(found, parts):
+        assert Plan.from_dict(q.to_dict()) == q  # pure data, as a Deploy carries it
+        assert [t.id for t in q.tasks] == list(p.tasks) and [c.name for c in q.chains] == list(p.chains)
+        # the pipeline's first operator names it (and its checkpoint directory)
+        assert p.name == q.operators[0].name and p.directory == "pipeline-" + p.name
+        for t in q.tasks:
+            whole = plan.task(t.id)
+            # renumbered edges point at the same producer and consumer operators
+            for mine, orig in zip(t.inputs, whole.inputs):
+                assert (q.edges[mine.edge].src, q.edges[mine.edge].dst) == \
+                    (plan.edges[orig.edge].src, plan.edges[orig.edge].dst)
+            for mine_o, orig_o in zip(t.outputs, whole.outputs):
+                assert q.edges[mine_o.edge] == plan.edges[orig_o.edge] and mine_o.channels == orig_o.channels
+        assert q.loops().keys() <= plan.loops().keys()
+
+
 def sink(tmp_path, name: str) -> CapturingSink:  # type: ignore[no-untyped-def]
     return CapturingSink(tmp_path / name)
 
@@ -65,8 +91,8 @@ def test_independent_pipelines_lanes_and_shuffles(tmp_path) -> None:  # type: ig
     assert set(union.chains) >= {"left", "right"}
     assert len(union.regions) == 3 and all({t.split("#")[1] for t in r} == {str(i)} for i, r in enumerate(union.regions))
     text = explain(plan)
-    assert "pipeline 1: copy; 3 task(s) in 3 regions (parallel lanes joined only by forward edges)" in text
-    assert "pipeline 0: words, count; 6 task(s) in 1 region" in text
+    assert "pipeline 1 ('copy'): copy; 3 task(s) in 3 regions (parallel lanes joined only by forward edges)" in text
+    assert "pipeline 0 ('words'): words, count; 6 task(s) in 1 region" in text
 
 
 def test_a_loop_is_one_pipeline_with_what_feeds_it(tmp_path) -> None:  # type: ignore[no-untyped-def]

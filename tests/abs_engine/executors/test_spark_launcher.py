@@ -85,3 +85,31 @@ def test_wordcount_on_a_local_cluster_under_kills_is_exact(medium_corpus, cluste
     # followed, or (an executor's loss takes a moment to reach the workers) a later one.
     restored = res["restored_from"][: len(mid_job)]
     assert len(restored) == len(mid_job) and all(r >= k for r, k in zip(restored, mid_job)), res
+
+
+def test_each_pipeline_runs_in_a_barrier_stage_of_its_own(spark, tmp_path):
+    """Two pipelines on Spark: a worker of one SIGKILLs itself; only that pipeline's stage
+    fails and restarts (the other's workers run on: no restart), both outputs exact."""
+    from abs_engine.testing import CapturingSink, fail_at
+    from operators.generators import RangeSource
+
+    n = 20_000
+    flow = Dataflow("stages", parallelism=1)
+    sinks = [CapturingSink(tmp_path / f"out{i}") for i in range(2)]
+    for i in range(2):
+        stream = flow.source(RangeSource(0, n, batch_size=250), name=f"p{i}")
+        if i == 1:
+            stream = stream.map(fail_at(n // 2, kind="kill"), name="crash")
+        stream.map(lambda x, i=i: (x % 7 + 10 * i, 1), name=f"pair{i}").key_by(lambda kv: kv[0]) \
+            .count(name=f"count{i}").sink(sinks[i], name=f"sink{i}")
+    res = flow.run(executor="spark", spark=spark, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"),
+                   restart_delay=0)
+    assert [p.restarts for p in res.pipelines] == [0, 1]
+    for i in range(2):
+        seen: dict[int, int] = {}
+        want = []
+        for x in range(n):
+            k = x % 7 + 10 * i
+            seen[k] = seen.get(k, 0) + 1
+            want.append((k, seen[k]))
+        assert sorted(tuple(r) for r in sinks[i].records()) == sorted(want)
