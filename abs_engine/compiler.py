@@ -259,6 +259,6 @@ def explain(plan: Plan) -> str:
         ins = len(t.inputs)
         outs = sum(len(o.channels) for o in t.outputs)
         lines.append(f"  {t.id}: {ins} input channel(s), {outs} output channel(s)")
-    lines.append("pipelines (a failure restarts its own pipeline only; failover='job': the whole job) and their regions:")
+    lines.append("pipelines and their regions (a failure restarts its region, or its pipeline; failover='job': the whole job):")
     lines += [describe(p) for p in find_pipelines(plan)]
     return "\n".join(lines)

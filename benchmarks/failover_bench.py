@@ -1,17 +1,21 @@
-"""Pipeline failover against global failover: a job of K independent pipelines with a
-worker of pipeline 0 SIGKILLed every few seconds (as Flink's fine-grained recovery
-measurements compare region and global failover).
+"""Fine-grained failover against global failover, as Flink's fine-grained recovery
+measurements compare them, on two workloads:
 
-    python benchmarks/failover_bench.py                       # K=4, p=2, a kill every 10 s, 2 rounds
+- ``pipelines``: a job of K independent pipelines (numbers, keyed counts, a sink), a worker
+  of pipeline 0 SIGKILLed every few seconds: ``failover="pipeline"`` restarts 1/K of the job;
+- ``lanes``: an embarrassingly parallel job (source -> map -> sink, forward only, p lanes),
+  a lane's worker SIGKILLed every few seconds: a region restart is 1/p of the job.
 
-Each round runs, interleaved: ``failover="pipeline"`` without kills (the baseline),
-``failover="pipeline"`` with kills, and ``failover="job"`` with kills. Reported per mode:
-the job's wall time; the tasks restarted per failure (as a share of the job's tasks); the
-time from a failure to the failed unit running again (p50, the job's RecoveryEvents); and
-the longest output gap of the pipelines that were *not* killed (their sinks' committed
-output, polled every 20 ms: under global failover they stall with the failed one).
-Every run's output is compared with its batch oracle (exact counts). Results:
-benchmarks/results/failover.{json,md}.
+    python benchmarks/failover_bench.py          # K=4 at p=2, 4 lanes, a kill every 10 s, 2 rounds
+
+Each round runs, interleaved per workload: ``failover="pipeline"`` without kills (the
+baseline), ``failover="pipeline"`` with kills, and ``failover="job"`` (global failover)
+with kills. Reported: the job's wall time; the tasks restarted per failure (as a share of
+the job's tasks); the time from a failure to the failed unit running again (p50, the job's
+RecoveryEvents); and, for the pipelines workload, the longest output gap of the pipelines
+that were *not* killed (their sinks' committed output, polled every 20 ms: under global
+failover they stall with the failed one). Every run's output is compared with its batch
+oracle (every count once). Results: benchmarks/results/failover.{json,md}.
 """
 
 from __future__ import annotations
@@ -78,8 +82,36 @@ def workers_of(pipeline: int) -> list[int]:
     return out
 
 
-def run(mode: str, kill_every: float | None, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
-    flow, sinks = build(tmp, args.pipelines, args.records, args.parallelism)
+def lanes(tmp: str, records: int, parallelism: int) -> tuple[Dataflow, CapturingSink]:
+    """An embarrassingly parallel job: source -> map -> sink, forward only (one task per lane)."""
+    flow = Dataflow("lanes-bench", parallelism=parallelism)
+    sink = CapturingSink(os.path.join(tmp, "lanes"))
+    flow.source(RangeSource(0, records, batch_size=500), name="lane").map(lambda x: 3 * x, name="triple") \
+        .sink(sink, name="out")
+    return flow, sink
+
+
+def lane_workers() -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/comm") as f:
+                    if f.read().startswith("abs lane#"):
+                        out.append(int(name))
+            except OSError:
+                continue
+    return out
+
+
+def run(workload: str, mode: str, kill_every: float | None, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    if workload == "pipelines":
+        flow, sinks = build(tmp, args.pipelines, args.records, args.parallelism)
+        victims = lambda: workers_of(0)  # noqa: E731
+        units = args.pipelines
+    else:
+        flow, sink = lanes(tmp, args.records * args.pipelines, args.lanes)
+        sinks, victims, units = [sink], lane_workers, args.lanes
     box: dict[str, Any] = {}
     done = threading.Event()
 
@@ -104,34 +136,31 @@ def run(mode: str, kill_every: float | None, args: argparse.Namespace, tmp: str)
                 sizes[i] = b
                 growth[i].append(now - began)
         if now >= next_kill:
-            victims = workers_of(0)
-            if victims:
-                os.kill(victims[kills % len(victims)], signal.SIGKILL)
+            found = victims()
+            if found:
+                os.kill(found[kills % len(found)], signal.SIGKILL)
                 kills += 1
             next_kill = now + kill_every  # type: ignore[operator]
         done.wait(0.02)  # the polling period of the probe
     t.join()
     res = box["result"]
-    for i, s in enumerate(sinks):
-        if not exact(s, i, args.records):
-            raise SystemExit(f"{mode}: pipeline {i}'s output differs from its oracle")
+    if workload == "pipelines":
+        for i, s in enumerate(sinks):
+            if not exact(s, i, args.records):
+                raise SystemExit(f"{mode}: pipeline {i}'s output differs from its oracle")
+    elif sorted(sinks[0].records()) != [3 * x for x in range(args.records * args.pipelines)]:
+        raise SystemExit(f"{mode}: the lanes' output differs from its oracle")
     tasks = len(flow.compile().tasks)
-    # the pipelines are alike: one restarted pipeline is tasks / K of them
-    per_failure = tasks // args.pipelines if mode == "pipeline" and res.pipelines else tasks
+    # the units (pipelines, lanes) are alike: one restarted unit is tasks / units of them
+    per_failure = tasks // units if mode == "pipeline" else tasks
     restarted = res.restarts * per_failure
-    ends = [g[-1] if g else 0.0 for g in growth]
-    gaps = []
-    for i, g in enumerate(growth):
-        if i == 0 or len(g) < 2:
-            continue
-        # only while pipeline 0 was still being killed: up to the others' last output
-        gaps.append(max(b - a for a, b in zip(g, g[1:])))
+    gaps = [max(b - a for a, b in zip(g, g[1:])) for i, g in enumerate(growth) if i > 0 and len(g) >= 2]
     recov = [r.running_after_s for r in res.recoveries if r.running_after_s is not None]
-    return {"mode": mode, "kills": kill_every is not None, "wall_s": round(res.duration_s, 3),
+    return {"workload": workload, "mode": mode, "kills": kill_every is not None, "wall_s": round(res.duration_s, 3),
             "failures": res.restarts, "killed": kills, "tasks": tasks,
             "restarted_share": round(restarted / max(1, res.restarts) / tasks, 3) if res.restarts else 0.0,
             "recovery_p50_s": round(statistics.median(recov), 3) if recov else None,
-            "others_longest_gap_s": round(max(gaps), 3) if gaps else None, "last_output_s": ends}
+            "others_longest_gap_s": round(max(gaps), 3) if gaps else None}
 
 
 def main() -> int:
@@ -140,22 +169,23 @@ def main() -> int:
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--records", type=int, default=3_000_000, help="per pipeline")
     ap.add_argument("--kill-every", type=float, default=10.0)
+    ap.add_argument("--lanes", type=int, default=4, help="the lanes workload's parallelism")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
-    variants = [("pipeline", None), ("pipeline", args.kill_every), ("job", args.kill_every)]
+    variants = [(w, m, e) for w in ("pipelines", "lanes")
+                for m, e in (("pipeline", None), ("pipeline", args.kill_every), ("job", args.kill_every))]
     runs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     for r in range(args.rounds):
-        for mode, every in variants:
+        for workload, mode, every in variants:
             tmp = tempfile.mkdtemp(prefix="abs-engine-failover-bench-")
             try:
-                row = run(mode, every, args, tmp)
+                row = run(workload, mode, every, args, tmp)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            name = f"{mode}{'+kills' if every else ''}"
+            name = f"{workload}: failover={mode}{' + kills' if every else ''}"
             runs[name].append(row)
-            print(f"round {r}: {name}: {json.dumps({k: v for k, v in row.items() if k != 'last_output_s'})}",
-                  flush=True)
+            print(f"round {r}: {name}: {json.dumps(row)}", flush=True)
     summary = {}
     for name, rows in runs.items():
         summary[name] = {
@@ -164,21 +194,24 @@ def main() -> int:
             "restarted_share": statistics.median(x["restarted_share"] for x in rows),
             "recovery_p50_s": statistics.median([x["recovery_p50_s"] for x in rows if x["recovery_p50_s"] is not None]
                                                 or [0.0]),
-            "others_longest_gap_s": statistics.median(x["others_longest_gap_s"] or 0.0 for x in rows),
+            "others_longest_gap_s": (statistics.median(g) if (g := [x["others_longest_gap_s"] for x in rows
+                                                                    if x["others_longest_gap_s"] is not None])
+                                     else None),
         }
     cmd = "python3 benchmarks/failover_bench.py " + " ".join(sys.argv[1:])
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "failover.json"), "w") as f:
         json.dump({"command": cmd, "args": vars(args), "runs": runs, "summary": summary, "cpus": os.cpu_count()},
                   f, indent=2)
-    lines = [f"# Pipeline failover vs global failover ({args.pipelines} pipelines, p={args.parallelism}, "
-             f"a worker of pipeline 0 SIGKILLed every {args.kill_every:g} s)", "", f"`{cmd}` on {os.cpu_count()} "
+    lines = [f"# Pipeline and region failover vs global failover ({args.pipelines} pipelines at p={args.parallelism}; "
+             f"{args.lanes} lanes; a worker SIGKILLed every {args.kill_every:g} s)", "", f"`{cmd}` on {os.cpu_count()} "
              f"cores; medians of {args.rounds} interleaved rounds; every output equal to its oracle.", "",
              "| run | wall s | failures | tasks restarted per failure (share of the job's) | failure to running "
              "again p50 s | other pipelines' longest output gap s |", "|---|---|---|---|---|---|"]
     for name, s in summary.items():
         lines.append(f"| {name} | {s['wall_s']:.1f} | {s['failures']:g} | {s['restarted_share']:.2f} | "
-                     f"{s['recovery_p50_s']:.2f} | {s['others_longest_gap_s']:.2f} |")
+                     f"{s['recovery_p50_s']:.2f} | "
+                     + ("-" if s["others_longest_gap_s"] is None else f"{s['others_longest_gap_s']:.2f}") + " |")
     with open(os.path.join(args.out, "failover.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -273,6 +273,22 @@ class CheckpointCoordinator:
                 out.append((task, messages.Trigger(cid)))
         return out
 
+    def restart_tasks(self, tasks: frozenset[str]) -> list[int]:
+        """``tasks`` (a failover region, executors/regions.py) restart from the newest
+        completed checkpoint while the others run on: every pending checkpoint is aborted
+        (they will never acknowledge it), and nothing they said of themselves (finished,
+        inputs ended) holds any more. Returns the aborted ids."""
+        aborted = sorted(self.pending)
+        for cid in aborted:
+            self.pending.pop(cid).discard()
+            self.stats.aborted.append(cid)
+        self.stats.trim(self.stats.aborted)
+        self.finished -= tasks
+        self.direct -= tasks
+        for t in tasks:
+            self.known.pop(t, None)
+        return aborted
+
     def on_counts(self, msg: messages.Counts) -> list[tuple[str, messages.Message]]:
         """One task's answer to a counting wave (stop-the-world)."""
         if self.stw_checkpoint is None:

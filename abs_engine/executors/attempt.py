@@ -24,6 +24,7 @@ from .. import auth, codec, messages
 from ..errors import ProtocolError, ProtocolErrorReason
 from ..tls import Material
 from ..wire import Wire
+from ..runtime.worker_run import REGION_ATTEMPT_ENV
 from .failures import WorkerFailure
 from .launcher import Launcher, WorkerProcess
 
@@ -88,6 +89,9 @@ class ProcessAttempt:
         self.workers: dict[str, Worker] = {}
         self.committed: set[str] = set()
         self.sel: selectors.BaseSelector | None = None
+        #: Messages read before a failure was raised (receive), handed out next time: a
+        #: region restart (regions.py) goes on with the attempt, and they are the others'.
+        self.backlog: list[tuple[str, messages.Message]] = []
 
     # ---- start ------------------------------------------------------------------------------
 
@@ -96,7 +100,7 @@ class ProcessAttempt:
         procs = self.launcher.start(self.tasks, (host, port), self.generation, self.secret, self.material,
                                     env=self.env)
         self.workers.update({t: Worker(t, p) for t, p in procs.items()})
-        peers = self._accept_hellos()
+        peers = self._accept_hellos(self.workers)
         for t in self.tasks:
             self.send(t, deploy(t, peers))
         self.sel = selectors.DefaultSelector()
@@ -106,11 +110,43 @@ class ProcessAttempt:
             w.last_heard = time.monotonic()
         return {t: w.hello_pid or w.proc.pid for t, w in self.workers.items()}
 
-    def _accept_hellos(self) -> dict[str, tuple[str, int]]:
-        """Every worker's Hello, over connections that proved this attempt's secret first.
-        Strangers, stragglers of older attempts (another secret) and stalled handshakes are
-        dropped without failing anything."""
-        workers, listener = self.workers, self.listener
+    def restart(self, tasks: list[str], deploy: DeployOf, number: int) -> dict[str, int | None]:
+        """Stop ``tasks`` (a failover region: regions.py) and start them again in new
+        workers deployed with ``deploy``, the others untouched. The old workers have exited
+        before the new ones start. Their peers are each other: a region's channels stay
+        inside it. ``number``: the failovers before this start (the workers' attempt
+        number, as ``abs_engine.testing.fail_at`` reads it)."""
+        assert self.sel is not None
+        old = {t: self.workers.pop(t) for t in tasks}
+        for w in old.values():
+            if w.sock is not None:
+                try:
+                    self.sel.unregister(w.sock)
+                except (KeyError, ValueError):
+                    pass  # (its connection had closed: unregistered then)
+                w.sock.close()
+        self.launcher.stop({t: w.proc for t, w in old.items()}, timeout=10.0)
+        self.committed -= set(tasks)
+        self.backlog = [(t, m) for t, m in self.backlog if t not in old]  # the old workers' last words
+        host, port = self.listener.getsockname()[:2]
+        procs = self.launcher.start(tasks, (host, port), self.generation, self.secret, self.material,
+                                    env={**self.env, REGION_ATTEMPT_ENV: str(number)})
+        new = {t: Worker(t, p) for t, p in procs.items()}
+        self.workers.update(new)
+        peers = self._accept_hellos(new)
+        for t in tasks:
+            self.send(t, deploy(t, peers))
+        for w in new.values():
+            assert w.sock is not None
+            self.sel.register(w.sock, selectors.EVENT_READ, w)
+            w.last_heard = time.monotonic()
+        return {t: w.hello_pid or w.proc.pid for t, w in new.items()}
+
+    def _accept_hellos(self, workers: dict[str, Worker]) -> dict[str, tuple[str, int]]:
+        """The Hello of each of ``workers``, over connections that proved this attempt's
+        secret first. Strangers, stragglers of older attempts (another secret) and stalled
+        handshakes are dropped without failing anything."""
+        listener = self.listener
         deadline = time.monotonic() + self.startup_timeout
         peers: dict[str, tuple[str, int]] = {}
         pending: dict[socket.socket, auth.Incoming] = {}
@@ -174,8 +210,19 @@ class ProcessAttempt:
     # ---- running ----------------------------------------------------------------------------
 
     def receive(self, timeout: float) -> list[tuple[str, messages.Message]]:
+        if self.backlog:
+            out, self.backlog = self.backlog, []
+            return out
+        out = []
+        try:
+            self._receive(timeout, out)
+        except WorkerFailure:
+            self.backlog = out  # read before the failure: the others' messages are not lost
+            raise
+        return out
+
+    def _receive(self, timeout: float, out: list[tuple[str, messages.Message]]) -> None:
         assert self.sel is not None
-        out: list[tuple[str, messages.Message]] = []
         for key, _ in self.sel.select(timeout=timeout):
             w = key.data
             assert w.wire is not None
@@ -205,7 +252,6 @@ class ProcessAttempt:
                     out.append((w.task, msg))
             except ProtocolError as e:
                 raise WorkerFailure(w.task, None, f"broke the control protocol ({e})") from None
-        return out
 
     def send(self, task: str, msg: messages.Message) -> None:
         w = self.workers[task]

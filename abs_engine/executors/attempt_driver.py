@@ -33,11 +33,12 @@ from ..checkpoint.savepoint import write_savepoint
 from ..monitor.model import CheckpointStatus
 from ..monitor.store import StatsWriter
 from ..monitor.tracker import JobTracker
-from .attempt import Attempt
+from .attempt import Attempt, ProcessAttempt
 from .chaos import Chaos
 from .config import JobConfig, JobResult
 from .failures import WorkerFailure
 from ..lifecycle import Lifecycle, Phase
+from .regions import RegionRestarts
 from .requests import SavepointRequests
 from .signals import Signals
 from .source_records import SourceRecords
@@ -51,7 +52,7 @@ class AttemptDriver:
     def __init__(self, attempt: Attempt, coord: CheckpointCoordinator, *, config: JobConfig, generation: int,
                  final_restore: bool, started: float, tracker: JobTracker, result: JobResult, lifecycle: Lifecycle,
                  requests: SavepointRequests, signals: Signals, sources: SourceRecords, chaos: Chaos,
-                 stats_writer: StatsWriter | None, log: Callable[[str], None]):
+                 stats_writer: StatsWriter | None, log: Callable[[str], None], regions: RegionRestarts | None = None):
         self.attempt = attempt
         self.coord = coord
         self.config = config
@@ -69,50 +70,24 @@ class AttemptDriver:
         self.log = log
         self.running: set[str] = set()  #: tasks that reported Running
         self.consecutive_expired = 0  #: checkpoints expired since the last completion
+        #: Region failover (regions.py): a failed lane restarts alone; None: the attempt fails.
+        self.regions = regions
+        self.coordinating = False  #: every task ran: the coordinator started
+        #: Messages of a batch not handled yet when one of them raised a failure.
+        self.carried: list[tuple[str, messages.Message]] = []
 
     def run(self) -> None:
         """Drive the attempt until every task has committed, then let the tasks go."""
         cfg, coord, attempt = self.config, self.coord, self.attempt
-        next_progress = time.monotonic() + 1.0
-        running_deadline = time.monotonic() + cfg.startup_timeout  # restore included
-        started = False
+        self.next_progress = time.monotonic() + 1.0
+        self.running_deadline = time.monotonic() + cfg.startup_timeout  # restore included
         while attempt.committed != coord.tasks:
-            self.chaos.poll(attempt)
-            now = time.monotonic()
-            deadline = coord.deadline() if started else None
-            timeout = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
-            for task, msg in attempt.receive(timeout):
-                try:
-                    self.on_message(task, msg)
-                except (TypeError, ValueError, KeyError, AttributeError) as e:
-                    # well typed (decode checks that) but naming what does not exist: that worker's fault
-                    raise WorkerFailure(task, None, f"sent a malformed message ({type(e).__name__}: {e})") from None
-            now = time.monotonic()
-            if not started:
-                if self.running == coord.tasks:
-                    started = True
-                    self._all_running()
-                elif now > running_deadline:
-                    late = sorted(coord.tasks - self.running)
-                    raise WorkerFailure(late[0], None, f"tasks {late} did not restore and start within "
-                                                       f"startup_timeout={cfg.startup_timeout}s")
-            if started and not self.final_restore:
-                self._take_requests()
-                for task, m in coord.poll():
-                    attempt.send(task, m)
-                self._track_triggers()
-                self._on_expired()
-            attempt.check(now, cfg.task_timeout)
-            if cfg.stop_when is not None and cfg.stop_when(self.result):
-                raise JobCancelled()
-            if time.monotonic() >= next_progress:
-                next_progress = time.monotonic() + 1.0
-                self.tracker.set_source_records(self.sources.count())
-                if cfg.progress:
-                    self._print_progress()
-            self.tracker.tick(time.monotonic())
-            if self.stats_writer is not None:
-                self.stats_writer.write(self.tracker)
+            try:
+                self._step()
+            except WorkerFailure as f:
+                if self.regions is None or not self.regions.applies(f, coord, self.coordinating, self.final_restore):
+                    raise
+                self._restart_region(f)
         if cfg.progress:
             self._print_progress()
         if self.result.stopped_with_savepoint:  # every task committed it and waits: now they may go
@@ -120,6 +95,65 @@ class AttemptDriver:
                 with contextlib.suppress(WorkerFailure):  # one that is gone already has committed
                     attempt.send(task, messages.Shutdown())
         attempt.finish()
+
+    def _step(self) -> None:
+        """One turn of the loop: messages, start, triggers, liveness, progress."""
+        cfg, coord, attempt = self.config, self.coord, self.attempt
+        self.chaos.poll(attempt)
+        now = time.monotonic()
+        deadline = coord.deadline() if self.coordinating else None
+        timeout = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
+        batch, self.carried = self.carried or attempt.receive(timeout), []
+        for i, (task, msg) in enumerate(batch):
+            try:
+                self.on_message(task, msg)
+            except (TypeError, ValueError, KeyError, AttributeError) as e:
+                # well typed (decode checks that) but naming what does not exist: that worker's fault
+                self.carried = batch[i + 1:]
+                raise WorkerFailure(task, None, f"sent a malformed message ({type(e).__name__}: {e})") from None
+            except WorkerFailure:
+                self.carried = batch[i + 1:]
+                raise
+        now = time.monotonic()
+        if not self.coordinating:
+            if self.running == coord.tasks:
+                self.coordinating = True
+                self._all_running()
+            elif now > self.running_deadline:
+                late = sorted(coord.tasks - self.running)
+                raise WorkerFailure(late[0], None, f"tasks {late} did not restore and start within "
+                                                   f"startup_timeout={cfg.startup_timeout}s")
+        restarting = self.regions is not None and bool(self.regions.down)
+        if restarting:
+            assert self.regions is not None
+            self.regions.check_startup(cfg.startup_timeout)
+        if self.coordinating and not self.final_restore and not restarting:  # (no trigger reaches a region restarting)
+            self._take_requests()
+            for task, m in coord.poll():
+                attempt.send(task, m)
+            self._track_triggers()
+            self._on_expired()
+        attempt.check(now, cfg.task_timeout)
+        if cfg.stop_when is not None and cfg.stop_when(self.result):
+            raise JobCancelled()
+        if time.monotonic() >= self.next_progress:
+            self.next_progress = time.monotonic() + 1.0
+            self.tracker.set_source_records(self.sources.count())
+            if cfg.progress:
+                self._print_progress()
+        self.tracker.tick(time.monotonic())
+        if self.stats_writer is not None:
+            self.stats_writer.write(self.tracker)
+
+    def _restart_region(self, f: WorkerFailure) -> None:
+        """``f``'s region restarts alone (regions.py); the other tasks run on."""
+        assert self.regions is not None and isinstance(self.attempt, ProcessAttempt)
+        self.tracker.abort_pending(f"region failover: {f.public}", at=f.time)
+        region = self.regions.restart(f, self.attempt, self.coord)
+        self.running -= region
+        self.carried = [(t, m) for t, m in self.carried if t not in region]  # the old workers' last words
+        self.tracker.region_restarting(sorted(region), self.regions.latest.checkpoint_id
+                                       if self.regions.latest is not None else None)
 
     def _all_running(self) -> None:
         """Every task restored and runs: the job is RUNNING, the coordinator starts."""
@@ -167,6 +201,9 @@ class AttemptDriver:
         elif isinstance(msg, messages.Running):
             self.running.add(task)
             self.tracker.task_running(msg.task)
+            if self.regions is not None and self.regions.down and self.regions.running(task):
+                self.tracker.all_running()  # the restarted region runs again
+                self.result.recoveries = list(self.tracker.recoveries)
         elif isinstance(msg, messages.Progress):
             self.sources.report(msg.task, msg.records_in)
         elif isinstance(msg, messages.Committed):
@@ -192,6 +229,8 @@ class AttemptDriver:
         coord = self.coord
         self.consecutive_expired = 0
         self.tracker.completed(meta, coord.mode_of(meta.checkpoint_id))  # it, and those it subsumed
+        if self.regions is not None:
+            self.regions.completed(meta, coord.storage.root)
         if meta.checkpoint_id == coord.savepoint_id or (meta.final and coord.savepoint_requested):
             self._savepoint(meta)  # (the job's final checkpoint came first: it is the savepoint)
 

@@ -85,7 +85,9 @@ class JobConfig:
         (operators connected upstream and downstream, loops included); a job of several
         pipelines runs each as a job of its own (its own coordinator, checkpoint ids,
         checkpoints in ``checkpoint_dir/pipeline-<first operator>/`` and restarts:
-        executors/pipelined.py) and the others run on. ``"job"``: every task (global
+        executors/pipelined.py) and the others run on; inside a pipeline without a
+        shuffle, only the failed task's parallel lane (executors/regions.py). ``"job"``:
+        every task (global
         failover, one checkpoint for the whole job). The same for a job of one pipeline,
         and under the in-process executor (the whole job in one thread).
     ``progress``

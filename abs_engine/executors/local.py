@@ -321,6 +321,8 @@ class LocalLauncher:
     def _end(self, workers: Mapping[str, WorkerProcess], deadline: float) -> None:
         for server, mine in _by_server(workers):
             server.wait(mine, max(deadline, time.monotonic() + 5.0))  # SIGKILLed: reaped at once
+            if any(server.status(t) is None for t in list(server.pids)):
+                continue  # others it forked run on (a region restarted alone: regions.py)
             server.close(max(0.0, deadline - time.monotonic()) + 5.0)
             if server in self.servers:
                 self.servers.remove(server)

@@ -55,6 +55,7 @@ from .attempt_driver import AttemptDriver, JobCancelled
 from .chaos import Chaos
 from .deploy import deployer
 from .failover import Decision, FailureManager
+from .regions import RegionRestarts, failover_regions
 from .job_storage import check_resume, check_spill_dir, open_job_storage
 from ..lifecycle import ENDED, Lifecycle, Phase
 from .failures import WorkerFailure
@@ -242,12 +243,14 @@ class JobMaster:
                     self.tracker.abort_pending(f"job failover: {f.public}", at=f.time)
                     if f.operator is None:
                         self.result.workers_lost += 1  # died (a signal, a crash) or went silent
-                    verdict = self.failover.on_failure(f, attempt, meta.checkpoint_id if meta is not None else None)
+                    verdict = self.failover.on_failure(f, self.result.restarts,
+                                                       meta.checkpoint_id if meta is not None else None)
                     if verdict.decision is Decision.RESTART:
                         self.lifecycle.to(Phase.RECOVERING)
                     if verdict.decision is Decision.FAIL:
                         raise JobFailed(f"{self.what} {verdict.why}: {f}", f.operator, f.traceback) from None
-                    attempt += 1
+                    # (an attempt's number counts every failover before it: regions' too, regions.py)
+                    attempt = self.result.restarts + 1
                     self.result.restarts += 1
                     self.tracker.failed_over(f.task, f.public, attempt, at=f.time)
                     if self.stats_writer is not None:
@@ -297,17 +300,39 @@ class JobMaster:
             if meta is not None:
                 self.lifecycle.to(Phase.RESTORING)
             coord = self._coordinator(storage, next_id)
+            regions = failover_regions(self.plan, cfg) if isinstance(attempt, ProcessAttempt) else None
+            restarts = None if regions is None else RegionRestarts(
+                regions, meta, restore_root,
+                lambda m, root: deployer(self.plan, self.code, cfg, meta=m, restore_root=root,
+                                         max_parallelism=self.max_parallelism, storage_root=storage.root,
+                                         token=token, fence_dir=self.control_dir),
+                lambda f, restored: self._region_failed(f, gen, restored), self._log)
             try:
                 AttemptDriver(attempt, coord, config=cfg, generation=gen, final_restore=meta is not None and meta.final,
                               started=self.started, tracker=self.tracker, result=self.result,
                               lifecycle=self.lifecycle, requests=self.requests, signals=self.signals,
                               sources=self.sources, chaos=self.chaos, stats_writer=self.stats_writer,
-                              log=self._log).run()
+                              log=self._log, regions=restarts).run()
             finally:
                 # Every id this attempt triggered, sent or not: the next attempt starts above them.
                 self.highest_id = max(self.highest_id, coord.next_id - 1)
         finally:
             attempt.close()
+
+    def _region_failed(self, f: WorkerFailure, gen: int, restored: int | None) -> int:
+        """A region of attempt ``gen`` failed (regions.py): counted as any failover, and
+        JobFailed when the failure manager says retrying cannot help; else it restarts alone."""
+        self.result.failures.append(str(f))
+        if f.operator is None:
+            self.result.workers_lost += 1
+        verdict = self.failover.on_failure(f, self.result.restarts, restored)
+        if verdict.decision is Decision.FAIL:
+            raise JobFailed(f"{self.what} {verdict.why}: {f}", f.operator, f.traceback) from None
+        self.result.restarts += 1
+        if restored is not None:
+            self.result.restored_from.append(restored)
+        self.tracker.failed_over(f.task, f.public, gen, at=f.time)  # (the same attempt runs on)
+        return self.result.restarts
 
     def _coordinator(self, storage: CheckpointStorage, next_id: int) -> CheckpointCoordinator:
         """A fresh coordinator for an attempt, its first checkpoint ``next_id``."""

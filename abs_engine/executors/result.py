@@ -33,7 +33,8 @@ class JobResult:
     skipped_records: int = 0  #: dropped by operators with on_error="skip"
     job_id: str = ""  #: the job's identity in its checkpoints (kept across resumes)
     failures: list[str] = field(default_factory=list)  #: why each failed attempt failed
-    restored_from: list[int] = field(default_factory=list)  #: the checkpoint each attempt restored (none: started empty)
+    #: The checkpoint each attempt, or region restarted alone, restored (none: started empty).
+    restored_from: list[int] = field(default_factory=list)
     #: Checkpoints a restore passed over (corrupt or incomplete), each with the reason.
     skipped_checkpoints: list[str] = field(default_factory=list)
     checkpoint_dir: str = ""  #: where this run's checkpoints went

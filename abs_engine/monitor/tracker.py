@@ -232,6 +232,18 @@ class JobTracker:
                 self.tasks[task].status = "FAILED"
             self.recoveries.append(RecoveryEvent(self.clock() if at is None else at, next_attempt, task, reason))
 
+    def region_restarting(self, tasks: list[str], restored_from: int | None) -> None:
+        """After ``failed_over`` for a region failover (executors/regions.py): only ``tasks``
+        are deployed again, from checkpoint ``restored_from``, in the same attempt."""
+        with self.lock:
+            self.version += 1
+            for task in tasks:
+                if task in self.tasks:
+                    t = self.tasks[task]
+                    t.status, t.pid, t.last = "DEPLOYING", None, None
+            if self.recoveries and self.recoveries[-1].attempt == self.attempt:
+                self.recoveries[-1] = dataclasses.replace(self.recoveries[-1], restored_from=restored_from)
+
     def phase_changed(self, phase: Phase) -> None:
         """The job's lifecycle moved (lifecycle.py calls this)."""
         with self.lock:

@@ -126,6 +126,10 @@ def parse_secret(line: str, tls_line: str) -> tuple[bytes, Material | None]:
         raise SystemExit(f"abs-engine worker: the TLS material on stdin is malformed ({e})") from None
 
 
+#: Set by the driver for the workers of a region restarted alone (executors/regions.py).
+REGION_ATTEMPT_ENV = "ABS_ENGINE_REGION_ATTEMPT"
+
+
 def run_worker(host: str, port: int, task_id: str, generation: int, bind_host: str, secret: bytes,
                material: Material | None) -> int:
     """One worker's life, from connecting to its driver to its exit status."""
@@ -146,7 +150,9 @@ def run_worker(host: str, port: int, task_id: str, generation: int, bind_host: s
             "would behave differently in each worker and restart (keys are placed by key group, not by hash()). "
             "Start workers through an abs-engine executor (it sets it).", True))
         return 1
-    os.environ["ABS_ENGINE_ATTEMPT"] = str(generation)  # read by abs_engine.testing.fail_at
+    # How many failovers came before this start (read by abs_engine.testing.fail_at): the
+    # attempt's number, or the job's restarts for a region restarted alone (REGION_ATTEMPT_ENV).
+    os.environ["ABS_ENGINE_ATTEMPT"] = os.environ.pop(REGION_ATTEMPT_ENV, str(generation))
     listener = socket.create_server((bind_host, 0), backlog=256)
     control.send(messages.Hello(task_id, generation, bind_host, listener.getsockname()[1], os.getpid()))
     try:
