@@ -126,6 +126,15 @@ class ProcessAttempt:
                     pass  # (its connection had closed: unregistered then)
                 w.sock.close()
         self.launcher.stop({t: w.proc for t, w in old.items()}, timeout=10.0)
+        alive = sorted(t for t, w in old.items() if w.proc.poll() is None)
+        if alive:
+            # Its new workers would share the old ones' fence token: a live old worker could
+            # still publish after they restore. The attempt fails instead (a new attempt
+            # advances the fence, which fences out or kills whatever of this one lives on;
+            # close() tries to stop them again).
+            self.workers.update(old)
+            raise WorkerFailure(alive[0], None, f"the old workers of tasks {alive} did not exit when "
+                                                "killed for their region's restart")
         self.committed -= set(tasks)
         self.backlog = [(t, m) for t, m in self.backlog if t not in old]  # the old workers' last words
         host, port = self.listener.getsockname()[:2]
@@ -160,7 +169,9 @@ class ProcessAttempt:
 
         try:
             while len(peers) < len(workers):
-                self._check_alive()
+                # Only those starting: a region restarting alone (restart) must not fail the
+                # attempt for another lane's death, which the driver's loop restarts in turn.
+                self._check_alive(workers)
                 self.on_wait()
                 now = time.monotonic()
                 if now > deadline:
@@ -275,12 +286,17 @@ class ProcessAttempt:
                                               "releasing the GIL; its Python stacks were dumped to stderr")
 
     def _check_alive(self, workers: dict[str, Worker] | None = None) -> None:
+        failures = []
         for w in (workers or self.workers).values():
             code = w.proc.poll()
             # Status 0 is judged on the control connection: EOF before Committed is a failure.
             # A worker that already committed the final checkpoint has done all its work.
             if code is not None and code != 0 and w.task not in self.committed:
-                raise self._failure_of(w, code)
+                failures.append(self._failure_of(w, code))
+        if failures:
+            # The one that said what went wrong (a user exception, its record's digest for the
+            # poison-record rule) over those that only died with it (collateral: a lost peer).
+            raise next((f for f in failures if f.cause is not None), failures[0])
 
     def _failure_of(self, w: Worker, code: int) -> WorkerFailure:
         """Why a dead worker died: its own Failed message (operator, user traceback, fatal)

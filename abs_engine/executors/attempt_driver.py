@@ -101,11 +101,16 @@ class AttemptDriver:
         cfg, coord, attempt = self.config, self.coord, self.attempt
         self.chaos.poll(attempt)
         now = time.monotonic()
-        deadline = coord.deadline() if self.coordinating else None
+        # (while a region restarts the coordinator is not polled: its deadline, maybe
+        # already past, must not turn this loop into a busy wait)
+        down = self.regions is not None and bool(self.regions.down)
+        deadline = coord.deadline() if self.coordinating and not down else None
         timeout = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
         batch, self.carried = self.carried or attempt.receive(timeout), []
         for i, (task, msg) in enumerate(batch):
             try:
+                if isinstance(msg, messages.Failed) and msg.collateral:
+                    self._reported_root(msg, batch[i + 1:])
                 self.on_message(task, msg)
             except (TypeError, ValueError, KeyError, AttributeError) as e:
                 # well typed (decode checks that) but naming what does not exist: that worker's fault
@@ -145,15 +150,35 @@ class AttemptDriver:
         if self.stats_writer is not None:
             self.stats_writer.write(self.tracker)
 
+    def _reported_root(self, msg: messages.Failed, later: list[tuple[str, messages.Message]]) -> None:
+        """A task failed for a peer's sake (``msg``, collateral): if that peer's own Failed
+        was read already (later in this batch, or held over from before a region restart),
+        that is the failure (its record's digest: the poison-record rule), not its exit
+        status, which is all ``root_cause`` could find on its connection."""
+        held = later + (self.attempt.backlog if isinstance(self.attempt, ProcessAttempt) else [])
+        regions = self.regions.regions if self.regions is not None else None
+
+        def suspect(t: str) -> bool:  # (as root_cause's: the peer it names, else one it may have lost)
+            if msg.peer is not None:
+                return t == msg.peer
+            return regions is None or regions.get(t) == regions.get(msg.task)
+
+        for t, m in held:
+            if isinstance(m, messages.Failed) and not m.collateral and suspect(t):
+                raise WorkerFailure.of(m)
+
     def _restart_region(self, f: WorkerFailure) -> None:
         """``f``'s region restarts alone (regions.py); the other tasks run on."""
         assert self.regions is not None and isinstance(self.attempt, ProcessAttempt)
         self.tracker.abort_pending(f"region failover: {f.public}", at=f.time)
-        region = self.regions.restart(f, self.attempt, self.coord)
+        region, pids = self.regions.restart(f, self.attempt, self.coord)
         self.running -= region
+        self.consecutive_expired = 0  # (the aborted checkpoints are not expiries)
         self.carried = [(t, m) for t, m in self.carried if t not in region]  # the old workers' last words
+        self.sources.restarted(region)  # (what the old workers read stays counted)
         self.tracker.region_restarting(sorted(region), self.regions.latest.checkpoint_id
                                        if self.regions.latest is not None else None)
+        self.tracker.workers_connected(pids)
 
     def _all_running(self) -> None:
         """Every task restored and runs: the job is RUNNING, the coordinator starts."""
@@ -201,8 +226,8 @@ class AttemptDriver:
         elif isinstance(msg, messages.Running):
             self.running.add(task)
             self.tracker.task_running(msg.task)
-            if self.regions is not None and self.regions.down and self.regions.running(task):
-                self.tracker.all_running()  # the restarted region runs again
+            if self.regions is not None and self.regions.down and (up := self.regions.running(task)):
+                self.tracker.region_running(up)  # a restarted region runs again
                 self.result.recoveries = list(self.tracker.recoveries)
         elif isinstance(msg, messages.Progress):
             self.sources.report(msg.task, msg.records_in)

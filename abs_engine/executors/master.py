@@ -5,8 +5,10 @@ the checkpoint each attempt restores, the attempt's secret, fence and workers, t
 strategy, the lifecycle, the end of the job. Each running attempt is driven against a
 fresh checkpoint coordinator by an ``AttemptDriver`` (attempt_driver.py).
 
-Recovery (global failover): when any worker fails (an exception, or SIGKILL at any
-moment) every worker of the attempt is killed; the newest checkpoint that passes
+Recovery: a failed parallel lane of a pipeline without a shuffle restarts alone, inside
+the attempt (regions.py). Otherwise (a failover of the job, or of one pipeline: a job of
+several runs each under a master of its own, pipelined.py) when any worker fails (an
+exception, or SIGKILL at any moment) every worker of the attempt is killed; the newest checkpoint that passes
 verification is chosen (a corrupt one is reported and skipped); new workers restore from
 it, sources rewind to their offsets, and the job goes on, under a fixed-delay restart
 strategy. When attempts run out the job fails with the user's traceback.

@@ -13,8 +13,8 @@ aborted (the failed tasks will never acknowledge them); the next ones cover ever
 When this is used (``regions``): the local executor (a Spark barrier stage fails as a
 whole), a plan of several regions, aligned or unaligned checkpoints (stop-the-world counts
 every channel of the job), no loops, no incremental checkpoints (a restored task would
-build deltas on a checkpoint this coordinator no longer tracks); not while stopping with a
-savepoint, after the final checkpoint, or for a failure to restore. Anything else is the
+build deltas on a checkpoint this coordinator no longer tracks); not while a savepoint is
+being taken, after the final checkpoint, or for a failure to restore. Anything else is the
 attempt's failure: the master's failover restarts the whole pipeline, as before.
 
 Invariants: a region's old workers have exited (killed and reaped, launcher.stop) before
@@ -81,10 +81,12 @@ class RegionRestarts:
                 and not coord.stopping and coord.savepoint_id is None and coord.final_completed is None
                 and (self.latest is None or not self.latest.final))
 
-    def restart(self, f: WorkerFailure, attempt: ProcessAttempt, coord: CheckpointCoordinator) -> frozenset[str]:
+    def restart(self, f: WorkerFailure, attempt: ProcessAttempt,
+                coord: CheckpointCoordinator) -> tuple[frozenset[str], dict[str, int | None]]:
         """Restart ``f``'s region: the master's verdict first, then pending checkpoints
         aborted, the old workers stopped, new ones deployed from the newest checkpoint.
-        Returns the region's tasks (the driver waits for them to run again)."""
+        Returns the region's tasks (the driver waits for them to run again) and their
+        new workers' pids."""
         region = self.regions[f.task]
         restored = self.latest.checkpoint_id if self.latest is not None else None
         number = self.on_failure(f, restored)  # raises when the job must fail instead
@@ -93,15 +95,17 @@ class RegionRestarts:
         self.log(f"restarting region {sorted(region)} alone (the other lanes run on) from "
                  f"{f'checkpoint {restored}' if restored is not None else 'the start'} after: {f}"
                  + (f"; aborted pending checkpoint(s) {aborted}" if aborted else ""))
-        attempt.restart(sorted(region), self.redeploy(self.latest, self.latest_root), number)
+        pids = attempt.restart(sorted(region), self.redeploy(self.latest, self.latest_root), number)
         now = time.monotonic()
         self.down.update({t: now for t in region})
-        return region
+        return region, pids
 
-    def running(self, task: str) -> bool:
-        """``task`` runs again; True when every restarted task does."""
-        self.down.pop(task, None)
-        return not self.down
+    def running(self, task: str) -> frozenset[str] | None:
+        """``task`` runs again; its region when every task of it does (else None)."""
+        if self.down.pop(task, None) is None:
+            return None
+        region = self.regions[task]
+        return None if any(t in self.down for t in region) else region
 
     def check_startup(self, timeout: float) -> None:
         """A restarted region that does not run within ``timeout``: the attempt's failure."""

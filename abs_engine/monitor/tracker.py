@@ -244,6 +244,20 @@ class JobTracker:
             if self.recoveries and self.recoveries[-1].attempt == self.attempt:
                 self.recoveries[-1] = dataclasses.replace(self.recoveries[-1], restored_from=restored_from)
 
+    def region_running(self, tasks: frozenset[str]) -> None:
+        """A region restarted alone (``region_restarting``) runs again: its recovery ends
+        (the newest of this attempt that one of ``tasks`` failed, and not ended yet; other
+        regions may still be restarting, with recoveries of their own after it)."""
+        with self.lock:
+            self.version += 1
+            for i in range(len(self.recoveries) - 1, -1, -1):
+                r = self.recoveries[i]
+                if r.attempt != self.attempt:
+                    break
+                if r.failed_task in tasks and r.running_after_s is None:
+                    self.recoveries[i] = dataclasses.replace(r, running_after_s=max(0.0, self.clock() - r.time))
+                    break
+
     def phase_changed(self, phase: Phase) -> None:
         """The job's lifecycle moved (lifecycle.py calls this)."""
         with self.lock:

@@ -89,3 +89,45 @@ def test_a_poison_record_in_a_lane_still_fails_the_job(tmp_path):
     with pytest.raises(JobFailed) as e:
         flow.run(checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.1, restart_delay=0)
     assert "poison record" in str(e.value) and f"poison {N // 2}" in str(e.value)
+
+
+@pytest.mark.slow
+def test_two_lanes_killed_together_each_restart_alone(tmp_path):  # type: ignore[no-untyped-def]
+    """The second lane's death, seen while the first restarts (its workers' hellos), is its
+    own region's failure: it restarts alone too, not the whole pipeline; each recovery ends."""
+    gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
+    flow, sink = lanes(tmp_path, gate)
+    n = len(flow.compile().tasks)
+    thread, box = run_in_thread(lambda: flow.run(checkpoint_dir=ck, checkpoint_interval=0.1))
+    killed = ("left#1", "right#1", "merge#1", "left#2", "right#2", "merge#2")
+    try:
+        wait_for(lambda: len(open_storage(ck).completed_ids()) >= 2, 60, "checkpoints")
+        before = wait_for(lambda: workers(n), 30, "every worker")
+        os.kill(before["merge#1"], signal.SIGKILL)
+        os.kill(before["merge#2"], signal.SIGKILL)
+        after = wait_for(lambda: workers(n, before, killed), 60, "lanes 1 and 2 running again")
+        assert after["merge#0"] == before["merge#0"]  # lane 0 kept its workers
+    finally:
+        open(gate, "w").close()
+    thread.join(120)
+    res = box["result"]
+    assert sorted(sink.records()) == sorted(2 * x for x in range(2 * N))
+    assert res.restarts == 2 and res.phases == ["CREATED", "SCHEDULING", "RUNNING", "FINISHED"]
+    assert sorted(r.failed_task for r in res.recoveries) == ["merge#1", "merge#2"]
+    assert all(r.running_after_s is not None and r.restored_from is not None for r in res.recoveries)
+
+
+def test_a_restarted_region_keeps_what_its_old_sources_read() -> None:
+    from abs_engine.executors.result import JobResult
+    from abs_engine.executors.source_records import SourceRecords
+
+    res = JobResult("lanes")
+    sources = SourceRecords(res)
+    sources.new_attempt()
+    sources.report("left#0", 500)
+    sources.report("left#1", 300)
+    sources.restarted(["left#1"])  # its new worker counts from its restored offset again
+    sources.report("left#1", 10)
+    assert sources.count() == 810 and res.attempt_source_records == [810]
+    sources.new_attempt()
+    assert res.source_records == 810 and res.attempt_source_records == [810, 0]
