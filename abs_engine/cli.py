@@ -21,6 +21,7 @@ import runpy
 import sys
 from typing import Any
 
+from . import fs
 from .api import Dataflow
 from .checkpoint.remote import open_storage
 from .errors import AbsEngineError, CheckpointError, CheckpointErrorReason, ConfigError
@@ -122,13 +123,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def pipeline_dirs(location: str) -> list[str]:
     """The ``pipeline-<name>`` directories of a job run pipeline by pipeline (none for a job
-    run as one, or a remote location)."""
-    from . import fs
-    from .pipelines import DIR_PREFIX
+    run as one), local or remote."""
+    from .executors.job_storage import pipeline_dirs as dirs
 
-    if fs.is_remote(location) or not os.path.isdir(fs.local_path(location)):
+    if not fs.is_remote(location) and not os.path.isdir(fs.local_path(location)):
         return []
-    return sorted(n for n in os.listdir(fs.local_path(location)) if n.startswith(DIR_PREFIX))
+    return sorted(dirs(location))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -138,7 +138,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             if i:
                 print()
             print(f"{name}:")
-            list_checkpoints(open_storage(os.path.join(args.dir, name)))
+            list_checkpoints(open_storage(fs.join(args.dir, name)))
         return 0
     return list_checkpoints(open_storage(args.dir))
 

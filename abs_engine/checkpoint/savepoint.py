@@ -43,6 +43,13 @@ def write_savepoint(source: CheckpointStorage, meta: Metadata, directory: str) -
     target = fs.join(directory, name)
     if not fs.is_remote(directory):
         fs.LocalDir(directory, private=True).make_root()
+    return copy_checkpoint(source, meta, target)
+
+
+def copy_checkpoint(source: CheckpointStorage, meta: Metadata, target: str) -> str:
+    """Copy checkpoint ``meta`` of ``source``, every file verified, into the checkpoint
+    directory ``target`` (made if missing), its metadata last; returns how it is shown."""
+    if not fs.is_remote(target):
         fs.LocalDir(target, private=True).make_root()
     blobs = source.read_blobs(meta.checkpoint_id, meta, list(meta.tasks))  # verified: size and sha256
     for task, entry in meta.tasks.items():
@@ -69,6 +76,14 @@ def load_savepoint(location: str, fingerprint: str, shape: str,
     if meta is None:
         if skipped:
             raise skipped[0]
+        from ..pipelines import DIR_PREFIX
+
+        if any(n.startswith(DIR_PREFIX) for n in fs.open_dir(location).list()):
+            raise CheckpointError(
+                CheckpointErrorReason.PLAN_MISMATCH,
+                f"{storage.shown} is a savepoint of a job run pipeline by pipeline (failover='pipeline'), and "
+                "this run restores the job as one (failover='job', the in-process executor, or a dataflow of "
+                "one pipeline): restore it as it was run, or name a savepoint taken with failover='job'")
         raise CheckpointError(CheckpointErrorReason.NOT_FOUND,
                               f"no savepoint at {storage.shown}: restore_from must name a savepoint directory "
                               f"(a '{PREFIX}...' directory that abs-engine wrote)")

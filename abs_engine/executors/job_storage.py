@@ -41,8 +41,8 @@ def open_job_storage(cfg: JobConfig) -> tuple[CheckpointStorage, str, bool]:
 
 def check_resume(storage: CheckpointStorage, cfg: JobConfig) -> None:
     """What the directory holds agrees with ``resume`` (ask under the directory's lock)."""
-    if not storage.completed_ids() and not fs.is_remote(storage.root) and os.path.isdir(storage.root):
-        pipelines = sorted(n for n in os.listdir(storage.root) if n.startswith(DIR_PREFIX))
+    if not storage.completed_ids():
+        pipelines = pipeline_dirs(storage.root)
         if pipelines:
             raise CheckpointError(
                 CheckpointErrorReason.PLAN_MISMATCH,
@@ -69,10 +69,16 @@ def any_checkpoints(storage: CheckpointStorage) -> bool:
     (``pipeline-<name>/``, a job run pipeline by pipeline)."""
     if storage.completed_ids():
         return True
-    if fs.is_remote(storage.root) or not os.path.isdir(storage.root):
-        return False
-    return any(open_storage(os.path.join(storage.root, n)).completed_ids()
-               for n in sorted(os.listdir(storage.root)) if n.startswith(DIR_PREFIX))
+    return any(open_storage(fs.join(storage.root, n)).completed_ids() for n in pipeline_dirs(storage.root))
+
+
+def pipeline_dirs(location: str) -> list[str]:
+    """The ``pipeline-<name>`` directories at ``location`` (local or remote): those of a job
+    run pipeline by pipeline."""
+    try:
+        return [n for n in fs.open_dir(location).list() if n.startswith(DIR_PREFIX)]
+    except NotADirectoryError:
+        return []
 
 
 def check_spill_dir(cfg: JobConfig, has_loops: bool) -> None:

@@ -40,6 +40,7 @@ def combine(job: JobResult, parts: list[JobResult], savepoints: str) -> None:
         history.add(stat)
     history.counts = {}
     for p in parts:
-        for status, n in p.history.counts.items():
+        # (a copy: another pipeline's thread may add a status to its counts meanwhile)
+        for status, n in dict(p.history.counts).items():
             history.counts[status] = history.counts.get(status, 0) + n
     job.history = history

@@ -45,12 +45,12 @@ from ..pipelines import Pipeline, find_pipelines, restrict
 from ..plan import Plan
 from .config import JobConfig
 from .job_control import ControlServer
-from .job_storage import open_job_storage
+from .job_storage import open_job_storage, pipeline_dirs
 from .launcher import Launcher
 from .master import JobMaster
 from .pipeline_results import combine
 from .result import JobResult
-from .savepoint_sets import complete_set, finished_in, pipeline_savepoint, set_location
+from .savepoint_sets import adopt_final, complete_set, finished_in, pipeline_savepoint, set_location
 from .signals import Signals
 
 
@@ -71,6 +71,7 @@ class PipelinedMaster:
         self.masters: list[JobMaster] = []
         self.lifecycle = Lifecycle()
         self._lock = threading.Lock()  #: guards ``self.result`` while pipelines' threads read it
+        self._set_lock = threading.Lock()  #: one completion of the savepoint set at a time
 
     # ---- the job ----------------------------------------------------------------------------
 
@@ -109,8 +110,10 @@ class PipelinedMaster:
             self.savepoints = set_location(cfg, location, self.plan.job)
             self.masters = [self._master(p, code, location) for p in self.pipelines]
             for p, m in zip(self.pipelines, self.masters):
-                if (done := finished_in(m.config.restore_from)) is not None:
+                if (done := finished_in(m.config.restore_from, m.shape)) is not None:
                     self._log(f"pipeline {p.name!r} had finished at checkpoint {done} of the savepoint: not run again")
+                    assert m.config.restore_from is not None and m.config.checkpoint_dir is not None
+                    adopt_final(m.config.restore_from, m.config.checkpoint_dir)  # (a resume finds it finished)
                     m.result.restored_from.append(done)
                     m.lifecycle.to(Phase.FINISHED)
                     m.result.phases = [ph.value for ph in m.lifecycle.history]
@@ -126,7 +129,8 @@ class PipelinedMaster:
                 raise err
             self.lifecycle.to(Phase.CANCELED if self.result.cancelled else Phase.FINISHED)
             if self.result.savepoint:
-                complete_set(self.result.savepoint, self.pipelines, self.masters, self._log)
+                with self._set_lock:
+                    complete_set(self.result.savepoint, self.pipelines, self.masters, self._log)
             return self.result
         finally:
             self.result.phases = [p.value for p in self.lifecycle.history]
@@ -135,15 +139,32 @@ class PipelinedMaster:
                 shutil.rmtree(location, ignore_errors=True)
 
     def _check_resume(self, location: str) -> None:
-        """``resume=True``: some pipeline has a checkpoint to resume from (each pipeline is
-        then resumed if it has one: a pipeline new to the dataflow starts empty)."""
+        """What ``DIR/pipeline-*`` holds agrees with ``resume``, before any pipeline starts:
+        without it, no pipeline's checkpoints of an earlier run; with it, none of a pipeline
+        this dataflow no longer has (renamed, or an operator added before its first one:
+        resuming would drop its state silently) unless ``allow_non_restored_state``; with
+        ``resume=True``, some pipeline has a checkpoint (each pipeline is then resumed if it
+        has one: a pipeline new to the dataflow starts empty)."""
         cfg = self.config
-        if cfg.resume is not True or cfg.restore_from is not None:
-            return
-        if not any(open_storage(fs.join(location, p.directory)).completed_ids() for p in self.pipelines):
+        shown = self.result.checkpoint_dir
+        held = {n for n in pipeline_dirs(location) if open_storage(fs.join(location, n)).completed_ids()}
+        mine = {p.directory for p in self.pipelines}
+        if held and not cfg.resume:
+            raise CheckpointError(
+                CheckpointErrorReason.DIRECTORY_NOT_EMPTY,
+                f"checkpoint directory {shown} already holds checkpoints of an earlier run ({', '.join(sorted(held))}): "
+                "pass resume=True (--resume) to continue from them, or use an empty directory")
+        if cfg.resume and (gone := sorted(held - mine)) and not cfg.allow_non_restored_state:
+            raise CheckpointError(
+                CheckpointErrorReason.PLAN_MISMATCH,
+                f"checkpoint directory {shown} holds checkpoints of pipelines this dataflow does not have "
+                f"({', '.join(gone)}; its pipelines: {', '.join(sorted(mine))}; a pipeline is named after its "
+                "first operator): resuming would drop their state. Give the operators their old names, or pass "
+                "allow_non_restored_state=True to drop it")
+        if cfg.resume is True and cfg.restore_from is None and not held & mine:
             raise CheckpointError(
                 CheckpointErrorReason.NOT_FOUND,
-                f"resume=True, but checkpoint directory {self.result.checkpoint_dir} holds no checkpoint of any "
+                f"resume=True, but checkpoint directory {shown} holds no checkpoint of any "
                 f"of this job's pipelines ({', '.join(p.directory for p in self.pipelines)}): check the path, "
                 "or pass resume='if-present' to start afresh when there is none")
 
@@ -179,6 +200,10 @@ class PipelinedMaster:
                 outcomes[i] = e
                 self.stopping.set()  # a pipeline failed: the job fails, the others stop
             finally:
+                # (a pipeline not run, or that failed before its master's own close: its
+                # savepoint requests must not wait for ever; close is idempotent)
+                self.masters[i].requests.close(
+                    f"pipeline {self.pipelines[i].name!r} had ended before the savepoint was taken")
                 launcher = self.masters[i].launcher
                 if launcher is not None:
                     launcher.close()
@@ -222,42 +247,42 @@ class PipelinedMaster:
         an interrupt), or when the user's ``stop_when`` says so of the job's result."""
         if self.stopping.is_set():
             return True
-        if self.config.stop_when is not None and self.config.stop_when(self._live()):
-            self.stopping.set()
-            return True
-        return False
-
-    def _live(self) -> JobResult:
-        """The job's result so far (what ``stop_when`` sees)."""
-        with self._lock:
+        if self.config.stop_when is None:
+            return False
+        with self._lock:  # (one pipeline's thread at a time: the user's function sees a result no one changes)
             self._combine()
-            return self.result
+            if self.config.stop_when(self.result):
+                self.stopping.set()
+        return self.stopping.is_set()
 
     def _combine(self) -> None:
         combine(self.result, [m.result for m in self.masters], self.savepoints)
 
     def _submit(self, stop: bool) -> "concurrent.futures.Future[str]":
         """``abs-engine savepoint DIR``: a savepoint of every pipeline; answered with the
-        job's savepoint directory once each pipeline has answered (a pipeline that had
-        ended is not waited for: its final checkpoint joins the savepoint at the end)."""
+        job's savepoint directory once each pipeline has answered and a pipeline that had
+        finished has its final checkpoint in it; refused, naming them, if a pipeline ended
+        otherwise (the set would not restore the job)."""
         out: concurrent.futures.Future[str] = concurrent.futures.Future()
+        if stop:
+            self.signals.stop_requested = True  # (as a job run as one: a signal after this stops at once)
         futures = [m.requests.submit(stop) for m in self.masters]
-        left = [len(futures)]
-        lock = threading.Lock()
 
-        def one_done(_f: object) -> None:
-            with lock:
-                left[0] -= 1
-                if left[0]:
-                    return
-            errors = [f.exception() for f in futures if f.exception() is not None]
-            if len(errors) == len(futures):
-                out.set_exception(errors[0] or RuntimeError("no savepoint"))
-            else:
+        def answer() -> None:
+            concurrent.futures.wait(futures)
+            try:
+                missing = [f"pipeline {p.name!r}: {f.exception()}" for p, m, f in zip(self.pipelines, self.masters, futures)
+                           if f.exception() is not None and m.lifecycle.phase is not Phase.FINISHED]
+                if missing:
+                    raise RuntimeError(f"no savepoint of every pipeline ({'; '.join(missing)})")
+                with self._set_lock:  # a finished pipeline's final checkpoint, in before the set is handed out
+                    complete_set(self.savepoints, self.pipelines, self.masters, self._log)
                 out.set_result(self.savepoints)
+            except Exception as e:  # noqa: BLE001 - why there is no savepoint, for the client
+                out.set_exception(e)
 
-        for f in futures:
-            f.add_done_callback(one_done)
+        # (waits on this thread, not in a pipeline driver's callback: copying a final checkpoint takes time)
+        threading.Thread(target=answer, name="savepoint-set", daemon=True).start()
         return out
 
     def _log(self, msg: str) -> None:

@@ -18,17 +18,28 @@ def pipeline(name: str) -> Pipeline:
     return Pipeline(0, (name,), (f"{name}#0",), ((f"{name}#0",),), name)
 
 
+def savepoint(where, name: str, cid: int, complete: bool = True) -> None:  # type: ignore[no-untyped-def]
+    """A savepoint directory as write_savepoint lays it out; without its metadata (a copy cut
+    short) unless ``complete``."""
+    chk = where / name / f"chk-{cid:06d}"
+    os.makedirs(chk)
+    if complete:
+        (chk / "_metadata").write_bytes(b"")
+
+
 def test_each_pipeline_restores_its_newest_savepoint(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    for name in ("savepoint-job-000003-20261126T100000Z", "savepoint-job-000012-20261126T090000Z",
-                 "savepoint-job-000012-20261126T080000Z", "not-a-savepoint"):
-        os.makedirs(tmp_path / "pipeline-a" / name)
+    for name, cid in (("savepoint-job-000003-20261126T100000Z", 3), ("savepoint-job-000012-20261126T090000Z", 12),
+                      ("savepoint-job-000012-20261126T080000Z", 12), ("not-a-savepoint", 99)):
+        savepoint(tmp_path / "pipeline-a", name, cid)
+    savepoint(tmp_path / "pipeline-a", "savepoint-job-000020-20261126T110000Z", 20, complete=False)
     got = pipeline_savepoint(str(tmp_path), pipeline("a"), False)
+    # (the newest complete one: one whose copy was cut short, without metadata, does not exist)
     assert got == str(tmp_path / "pipeline-a" / "savepoint-job-000012-20261126T090000Z")
     assert pipeline_savepoint(None, pipeline("a"), False) is None
 
 
 def test_a_pipeline_without_a_savepoint_is_named_or_starts_empty(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    os.makedirs(tmp_path / "pipeline-a" / "savepoint-job-000003-20261126T100000Z")
+    savepoint(tmp_path / "pipeline-a", "savepoint-job-000003-20261126T100000Z", 3)
     with pytest.raises(CheckpointError) as e:
         pipeline_savepoint(str(tmp_path), pipeline("b"), False)
     assert e.value.reason is CheckpointErrorReason.NOT_FOUND and "pipeline 'b'" in str(e.value)
