@@ -2,15 +2,21 @@
 ``KillOnCheckpoints``): the driver asks the chaos object, at each turn of its loops and
 after each completed checkpoint, whether to SIGKILL one of the attempt's workers; every kill
 is counted (``JobResult.kills``) and logged. Without ``chaos`` both hooks do nothing.
+A job of several pipelines asks the one chaos object from each pipeline's driver thread:
+the hooks are called one at a time (``_LOCK``), so a chaos object need not be thread-safe.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable
 
 from .attempt import Attempt
 from .config import JobResult
+
+
+_LOCK = threading.Lock()
 
 
 class Chaos:
@@ -24,7 +30,8 @@ class Chaos:
         """Kills at moments of the job (``chaos.poll(elapsed, pids)``)."""
         if self.chaos is None:
             return
-        victim = self.chaos.poll(time.monotonic() - self.started, attempt.live_pids())
+        with _LOCK:
+            victim = self.chaos.poll(time.monotonic() - self.started, attempt.live_pids())
         if victim is not None:
             self.result.kills += 1
             self.log(f"chaos: SIGKILL {victim}")
@@ -35,7 +42,8 @@ class Chaos:
         hook = getattr(self.chaos, "on_checkpoint", None)
         if hook is None:
             return
-        victim = hook(checkpoint_id, attempt.live_pids())
+        with _LOCK:
+            victim = hook(checkpoint_id, attempt.live_pids())
         if victim is not None:
             self.result.kills += 1
             self.log(f"chaos: SIGKILL {victim} after checkpoint {checkpoint_id}")
