@@ -68,6 +68,25 @@ from .source_records import SourceRecords
 
 
 
+@contextlib.contextmanager
+def shipped(graph: LogicalGraph) -> Iterator[bytes]:
+    """The job's code, shipped (codeship.py) once its operators are checked and their driver
+    hooks started (a Spark source's server, ...); the hooks stop when the job ends, those
+    started whatever happens."""
+    templates = [n.template for n in graph.nodes.values()]
+    for t in templates:
+        t.check()
+    started = []
+    try:
+        for t in templates:
+            t.driver_start()
+            started.append(t)
+        yield codeship.ship(graph)
+    finally:
+        for t in started:
+            t.driver_stop()
+
+
 class JobMaster:
     def __init__(self, graph: LogicalGraph, plan: Plan, config: JobConfig, launcher: Launcher | None):
         self.graph = graph
@@ -108,20 +127,8 @@ class JobMaster:
     # ---- the job --------------------------------------------------------------------------
 
     def run(self) -> JobResult:
-        templates = [n.template for n in self.graph.nodes.values()]
-        for t in templates:
-            t.check()
-        started = []
-        try:
-            for t in templates:
-                t.driver_start()
-                started.append(t)
-            self.code = codeship.ship(self.graph)
-            with self.signals.handled(self.config.stop_with_savepoint_on_signal):
-                return self.run_shipped()
-        finally:
-            for t in started:
-                t.driver_stop()
+        with shipped(self.graph) as self.code, self.signals.handled(self.config.stop_with_savepoint_on_signal):
+            return self.run_shipped()
 
     def run_shipped(self) -> JobResult:
         """Run the job once its code is shipped and its driver hooks ran (``run``; a

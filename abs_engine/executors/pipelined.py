@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Callable
 
-from .. import codeship, fs
+from .. import fs
 from ..checkpoint.lock import DirectoryLock
 from ..checkpoint.remote import control_dir, open_storage
 from ..errors import CheckpointError, CheckpointErrorReason, JobInterrupted
@@ -47,7 +47,7 @@ from .config import JobConfig
 from .job_control import ControlServer
 from .job_storage import open_job_storage, pipeline_dirs
 from .launcher import Launcher
-from .master import JobMaster
+from .master import JobMaster, shipped
 from .pipeline_results import combine
 from .result import JobResult
 from .savepoint_sets import adopt_final, complete_set, finished_in, pipeline_savepoint, set_location
@@ -76,20 +76,8 @@ class PipelinedMaster:
     # ---- the job ----------------------------------------------------------------------------
 
     def run(self) -> JobResult:
-        templates = [n.template for n in self.graph.nodes.values()]
-        for t in templates:
-            t.check()
-        started = []
-        try:
-            for t in templates:
-                t.driver_start()
-                started.append(t)
-            code = codeship.ship(self.graph)
-            with self.signals.handled(self.config.stop_with_savepoint_on_signal):
-                return self._run(code)
-        finally:
-            for t in started:
-                t.driver_stop()
+        with shipped(self.graph) as code, self.signals.handled(self.config.stop_with_savepoint_on_signal):
+            return self._run(code)
 
     def _run(self, code: bytes) -> JobResult:
         cfg = self.config

@@ -7,7 +7,6 @@ there survives its driver's death. Outputs against their batch oracles."""
 
 from __future__ import annotations
 
-import collections
 import os
 import signal
 import time
@@ -23,6 +22,8 @@ from abs_engine.testing import CapturingSink, GatedSource
 from operators.generators import RangeSource
 
 from .procs import run_in_thread, wait_for
+from .test_pipelined import finished
+from .test_pipelined import oracle as pipeline_oracle
 from .test_supervisor import drivers
 
 pytestmark = pytest.mark.slow
@@ -30,13 +31,7 @@ N = 4000
 
 
 def oracle(i: int, n: int = N) -> list[Any]:
-    seen: collections.Counter[int] = collections.Counter()
-    out = []
-    for x in range(n):
-        k = x % 7 + 10 * i
-        seen[k] += 1
-        out.append((k, seen[k]))
-    return sorted(out)
+    return pipeline_oracle(i, n)
 
 
 def counting(tmp: str, k: int, gate: str | None, small: int | None = None, names: list[str] | None = None,
@@ -57,11 +52,6 @@ def counting(tmp: str, k: int, gate: str | None, small: int | None = None, names
 
 def completed(ck: str, p: str) -> list[int]:
     return open_storage(fs.join(ck, f"pipeline-{p}")).completed_ids()
-
-
-def finished(ck: str, p: str) -> bool:
-    meta, _ = open_storage(os.path.join(ck, f"pipeline-{p}")).latest_valid()
-    return meta is not None and meta.final
 
 
 def got(sink: CapturingSink) -> list[Any]:
