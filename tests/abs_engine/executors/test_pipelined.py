@@ -229,21 +229,28 @@ def test_a_pipeline_with_a_loop_fails_over_alone(tmp_path):
     assert [p.restarts for p in res.pipelines] == [1, 0] and res.pipelines[0].restored_from
 
 
-def test_a_supervised_job_of_pipelines_survives_a_driver_kill(tmp_path):
-    """The supervisor holds DIR's lock and restarts the driver, which resumes every pipeline
-    from its own directory; each output exact."""
-    gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
-    flow, sinks = counting(tmp_path, 2, gate)
+def killing_the_driver_once(flow: Dataflow, ck: str, gate: str, checkpointed: Any) -> dict[str, Any]:
+    """``flow`` run supervised on a thread; its driver SIGKILLed once ``checkpointed()``
+    (every pipeline has a checkpoint), then the gate opened: the box of its result or error."""
     thread, box = run_in_thread(lambda: flow.run(supervise=True, checkpoint_dir=ck, checkpoint_interval=0.05,
                                                  restart_delay=0))
     try:
         driver = wait_for(drivers, 60, "the driver")[0]
-        wait_for(lambda: all(completed(ck, f"p{i}") for i in range(2)), 60, "checkpoints of both pipelines")
+        wait_for(checkpointed, 60, "checkpoints of every pipeline")
         os.kill(driver, signal.SIGKILL)
         wait_for(lambda: [p for p in drivers() if p != driver], 60, "the second driver")
     finally:
         open(gate, "w").close()
         thread.join(120)
+    return box
+
+
+def test_a_supervised_job_of_pipelines_survives_a_driver_kill(tmp_path):
+    """The supervisor holds DIR's lock and restarts the driver, which resumes every pipeline
+    from its own directory; each output exact."""
+    gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
+    flow, sinks = counting(tmp_path, 2, gate)
+    box = killing_the_driver_once(flow, ck, gate, lambda: all(completed(ck, f"p{i}") for i in range(2)))
     assert "error" not in box, box.get("error")
     res = box["result"]
     assert res.driver_crashes == ["killed by signal 9"]

@@ -8,7 +8,6 @@ there survives its driver's death. Outputs against their batch oracles."""
 from __future__ import annotations
 
 import os
-import signal
 import time
 from typing import Any
 
@@ -22,9 +21,8 @@ from abs_engine.testing import CapturingSink, GatedSource
 from operators.generators import RangeSource
 
 from .procs import run_in_thread, wait_for
-from .test_pipelined import finished
+from .test_pipelined import finished, killing_the_driver_once
 from .test_pipelined import oracle as pipeline_oracle
-from .test_supervisor import drivers
 
 pytestmark = pytest.mark.slow
 N = 4000
@@ -230,17 +228,7 @@ def test_supervised_pipelined_job_on_s3_survives_a_driver_kill(tmp_path, s3_serv
     gate = str(tmp_path / "gate")
     ck = s3_server("review-supervised")
     flow, sinks = counting(str(tmp_path), 2, gate)
-    thread, box = run_in_thread(lambda: flow.run(supervise=True, checkpoint_dir=ck, checkpoint_interval=0.05,
-                                                 restart_delay=0))
-    try:
-        driver = wait_for(drivers, 60, "the driver")[0]
-        wait_for(lambda: all(open_storage(fs.join(ck, f"pipeline-p{i}")).completed_ids() for i in range(2)), 60,
-                 "checkpoints of both pipelines")
-        os.kill(driver, signal.SIGKILL)
-        wait_for(lambda: [p for p in drivers() if p != driver], 60, "the second driver")
-    finally:
-        open(gate, "w").close()
-        thread.join(120)
+    box = killing_the_driver_once(flow, ck, gate, lambda: all(completed(ck, f"p{i}") for i in range(2)))
     # the first version: CheckpointError DIRECTORY_NOT_EMPTY from pipeline-p0 (restarted without resume)
     assert "error" not in box, box.get("error")
     assert box["result"].driver_crashes == ["killed by signal 9"] and all(p.restored_from for p in box["result"].pipelines)
