@@ -223,13 +223,14 @@ def _refuse(conn: Wire, message: str) -> None:
         pass
 
 
-_server: PartitionServer | None = None
+_servers: dict[str, PartitionServer] = {}  #: bound address -> its server
 _server_lock = threading.Lock()
 
 
-def partition_server() -> PartitionServer:
-    global _server
+def partition_server(host: str = "127.0.0.1") -> PartitionServer:
+    """The process's partition server on ``host`` (the driver's address the executors
+    reach: loopback on one machine), started on first use."""
     with _server_lock:
-        if _server is None:
-            _server = PartitionServer()
-        return _server
+        if host not in _servers:
+            _servers[host] = PartitionServer(host)
+        return _servers[host]

@@ -9,6 +9,8 @@ every run, which is what makes (partition, row) offsets replayable.
 from __future__ import annotations
 
 import os
+import re
+import socket
 import sys
 import threading
 from typing import Any
@@ -49,7 +51,11 @@ def embedded_session(master: str | None = None) -> Any:
             _embedded = None
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Bound to loopback on one machine; on a cluster, to the address the executors
+        # reach this machine at (they connect back to the driver and its engine server).
+        address = driver_address(master)
+        if address is not None:
+            os.environ.setdefault("SPARK_LOCAL_IP", address)
         if master and master.startswith("local-cluster") and "SPARK_HOME" not in os.environ:
             os.environ["SPARK_HOME"] = _local_cluster_home()
         try:
@@ -62,8 +68,6 @@ def embedded_session(master: str | None = None) -> Any:
                 .appName("abs-engine")
                 .config("spark.ui.enabled", "false")
                 .config("spark.ui.showConsoleProgress", "false")
-                .config("spark.driver.host", "127.0.0.1")
-                .config("spark.driver.bindAddress", "127.0.0.1")
                 .config("spark.sql.shuffle.partitions", "8")
                 # The driver JVM holds a partition's Arrow batches while serving it (and
                 # toArrow() holds a whole DataFrame): Spark's 1g default is too small.
@@ -72,6 +76,8 @@ def embedded_session(master: str | None = None) -> Any:
                 # incubator modules" line comes before any logging and stays).
                 .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J2_CONF}")
             )
+            if address is not None:
+                builder = builder.config("spark.driver.host", address).config("spark.driver.bindAddress", address)
             for k, v in {**PINNED_CONF, **BARRIER_CONF}.items():
                 builder = builder.config(k, v)
             spark = builder.getOrCreate()
@@ -84,6 +90,26 @@ def embedded_session(master: str | None = None) -> Any:
         spark.sparkContext.setLogLevel("ERROR")
         _embedded = spark
         return spark
+
+
+def driver_address(master: str | None) -> str | None:
+    """The address the driver binds to and advertises: loopback for a local master; for a
+    standalone cluster (``spark://host:port``) the address of this machine on its route to
+    the master (``SPARK_LOCAL_IP`` if set); None (Spark's own choice) for other masters."""
+    if not master or master.startswith("local"):
+        return "127.0.0.1"
+    if os.environ.get("SPARK_LOCAL_IP"):
+        return os.environ["SPARK_LOCAL_IP"]
+    m = re.match(r"^spark://\[?([^\],/]+?)\]?(?::(\d+))?(?:[,/]|$)", master)
+    if not m:
+        return None
+    try:
+        family = socket.AF_INET6 if ":" in m.group(1) else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((m.group(1), int(m.group(2) or 7077)))  # (UDP: nothing is sent)
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
 
 
 def _local_cluster_home() -> str:

@@ -22,6 +22,18 @@ from .errors import ProtocolError, ProtocolErrorReason
 from .tls import Material, Tunnel
 
 
+def give_up_after(sock: socket.socket, seconds: float) -> None:
+    """Abort the connection when data sent on it stays unacknowledged for ``seconds`` (the
+    peer's machine lost or cut off): a send then fails instead of queueing for the kernel's
+    ~15 minutes of retransmissions. Linux's TCP_USER_TIMEOUT; elsewhere nothing changes."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is not None and seconds > 0:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(seconds * 1000)))
+        except OSError:
+            pass  # not TCP (a socketpair in tests): nothing to bound
+
+
 class Wire:
     __slots__ = ("sock", "tunnel", "rest")
 

@@ -166,7 +166,9 @@ class SparkSource(Source[Any]):
             df.schema, timezone=conf.get("spark.sql.session.timeZone"),
             prefers_large_types=conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true",
         )
-        server = partition_server()
+        # Where the executors that run the source's subtasks reach the driver.
+        self._server_host = df.sparkSession.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
+        server = partition_server(self._server_host)
         server.register(self.source_id, df, self.fingerprint, schema)
         self.address = server.address
         self.secret = server.secret
@@ -176,7 +178,7 @@ class SparkSource(Source[Any]):
     def driver_stop(self) -> None:
         from abs_engine.spark_server import partition_server
 
-        server = partition_server()
+        server = partition_server(self._server_host)
         if self.source_id in server.sources:
             reg = server.stats(self.source_id)
             self._delivered = reg.delivered
@@ -192,7 +194,7 @@ class SparkSource(Source[Any]):
         """Rows the driver has sent to subtasks (driver side; counted across restarts)."""
         from abs_engine.spark_server import partition_server
 
-        server = partition_server()
+        server = partition_server(getattr(self, "_server_host", "127.0.0.1"))
         if self.source_id in server.sources:
             return server.stats(self.source_id).delivered
         return getattr(self, "_delivered", 0)

@@ -48,8 +48,8 @@ class Attempt(Protocol):
     def send(self, task: str, msg: messages.Message) -> None:
         """Raises WorkerFailure if ``task`` cannot be reached."""
 
-    def check(self, now: float, task_timeout: float) -> None:
-        """Raises WorkerFailure for a task that died, or went silent for ``task_timeout``."""
+    def check(self, now: float, silence: "Silence") -> None:
+        """Raises WorkerFailure for a task that died, or went silent for ``silence``."""
 
     def root_cause(self, exclude: str, suspect: str | None) -> None:
         """A task lost a peer: raise the failure of the task that really died, if any."""
@@ -73,6 +73,24 @@ class Worker:
     reader: codec.FrameReader = field(default_factory=lambda: codec.FrameReader(codec.MAX_CONTROL_FRAME))
     last_heard: float = field(default_factory=time.monotonic)
     hello_pid: int | None = None  #: the pid the worker announced (it may run elsewhere)
+    peer_host: str = ""  #: the address the worker announced (its machine)
+
+
+@dataclass(frozen=True)
+class Silence:
+    """How long a worker may send nothing before it counts as lost, and the setting that
+    says so (for the error)."""
+
+    seconds: float  #: 0: never
+    setting: str
+
+    @classmethod
+    def of(cls, heartbeat_timeout: float, task_timeout: float) -> "Silence":
+        """The shorter of the two that is set: heartbeat_timeout is for lost machines;
+        task_timeout, a user call holding the GIL, bounds the silence too."""
+        timeouts = [(t, n) for t, n in ((heartbeat_timeout, "heartbeat_timeout"), (task_timeout, "task_timeout"))
+                    if t]
+        return cls(*min(timeouts)) if timeouts else cls(0.0, "")
 
 
 class ProcessAttempt:
@@ -209,7 +227,7 @@ class ProcessAttempt:
                         continue
                     w = workers[msg.task]
                     w.sock, w.wire, w.reader = sock, conn.wire, conn.reader
-                    w.hello_pid = msg.pid
+                    w.hello_pid, w.peer_host = msg.pid, msg.host
                     w.last_heard = time.monotonic()
                     peers[msg.task] = (msg.host, msg.port)
         finally:
@@ -273,17 +291,20 @@ class ProcessAttempt:
             self._check_alive({w.task: w})
             raise WorkerFailure(w.task, None, "control connection lost") from None
 
-    def check(self, now: float, task_timeout: float) -> None:
+    def check(self, now: float, silence: "Silence") -> None:
         self._check_alive()
-        if not task_timeout:
+        if not silence.seconds:
             return
         for w in self.workers.values():
-            if w.task in self.committed or now - w.last_heard <= task_timeout:
+            if w.task in self.committed or now - w.last_heard <= silence.seconds:
                 continue
             w.proc.dump_stacks()
-            raise WorkerFailure(w.task, None, f"worker {w.proc.pid or '?'} sent nothing for {now - w.last_heard:.1f}s "
-                                              f"(task_timeout={task_timeout:g}s): it is stopped, or stuck without "
-                                              "releasing the GIL; its Python stacks were dumped to stderr")
+            where = f" on {w.peer_host}" if w.peer_host else ""
+            raise WorkerFailure(w.task, None, f"worker {w.hello_pid or w.proc.pid or '?'}{where} sent nothing for "
+                                              f"{now - w.last_heard:.1f}s ({silence.setting}={silence.seconds:g}s): "
+                                              "its machine is lost or cut off from the driver, or it is stopped, "
+                                              "or stuck without releasing the GIL (its Python stacks, if it is "
+                                              "local, were dumped to stderr)")
 
     def _check_alive(self, workers: dict[str, Worker] | None = None) -> None:
         failures = []

@@ -33,7 +33,7 @@ from ..checkpoint.savepoint import write_savepoint
 from ..monitor.model import CheckpointStatus
 from ..monitor.store import StatsWriter
 from ..monitor.tracker import JobTracker
-from .attempt import Attempt, ProcessAttempt
+from .attempt import Attempt, ProcessAttempt, Silence
 from .chaos import Chaos
 from .config import JobConfig, JobResult
 from .failures import WorkerFailure
@@ -138,7 +138,7 @@ class AttemptDriver:
                 attempt.send(task, m)
             self._track_triggers()
             self._on_expired()
-        attempt.check(now, cfg.task_timeout)
+        attempt.check(now, Silence.of(cfg.heartbeat_timeout, cfg.task_timeout))
         if cfg.stop_when is not None and cfg.stop_when(self.result):
             raise JobCancelled()
         if time.monotonic() >= self.next_progress:

@@ -101,10 +101,18 @@ class JobConfig:
     ``task_timeout``
         a single call of operator code (a user function on a batch, a source read,
         a snapshot, a publish) that runs longer fails its task, naming the operator and showing
-        its Python stack; a worker silent for this long (no heartbeat) fails too. 0 disables.
+        its Python stack. 0 disables.
     ``heartbeat_interval``
         seconds between a worker's heartbeats; a worker whose driver is gone
         exits within about one interval.
+    ``heartbeat_timeout``
+        a worker the driver has heard nothing from for this long (no heartbeat: its machine
+        lost or cut off by the network, the process stopped) fails its attempt (Flink's
+        ``heartbeat.timeout``). The worker fences itself the same way: its control
+        connection gives up after half this time without the driver acknowledging
+        anything (``TCP_USER_TIMEOUT``), and it exits, so a worker cut off from its driver
+        is gone before the driver starts the attempt that replaces it. 0 disables
+        (task_timeout then bounds the silence).
     ``tolerable_failed_checkpoints``
         consecutive checkpoints that may expire (``checkpoint_timeout``)
         before the job fails over (Flink's setting); None: never fail over for that.
@@ -216,6 +224,7 @@ class JobConfig:
     startup_timeout: float = 60.0
     task_timeout: float = 300.0
     heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 30.0
     tolerable_failed_checkpoints: int | None = 3
     tls: bool = False
     snapshot_encoding: str = "auto"
@@ -275,6 +284,7 @@ def _check_config(c: "JobConfig") -> None:
     _seconds("restart_delay", c.restart_delay, zero=True)
     _seconds("startup_timeout", c.startup_timeout)
     _seconds("heartbeat_interval", c.heartbeat_interval)
+    _seconds("heartbeat_timeout", c.heartbeat_timeout, zero=True, extra=" (0 disables it)")
     _seconds("task_timeout", c.task_timeout, zero=True, extra=" (0 disables it)")
     _count("restart_attempts", c.restart_attempts, 0)
     _count("driver_restarts", c.driver_restarts, 0)
@@ -316,6 +326,11 @@ def _check_config(c: "JobConfig") -> None:
     if c.task_timeout and c.task_timeout < 2 * c.heartbeat_interval:
         raise ConfigError("task_timeout", f"task_timeout ({c.task_timeout}s) must be at least twice "
                                           f"heartbeat_interval ({c.heartbeat_interval}s), or 0 to disable it")
+    if c.heartbeat_timeout and c.heartbeat_timeout < 4 * c.heartbeat_interval:
+        raise ConfigError("heartbeat_timeout", f"heartbeat_timeout ({c.heartbeat_timeout}s) must be at least four "
+                                               f"times heartbeat_interval ({c.heartbeat_interval}s): the worker "
+                                               "gives up after half of it, which must span heartbeats; or 0 to "
+                                               "disable it")
     if c.snapshot_encoding not in ("auto", "fork", "inline"):
         raise ConfigError("snapshot_encoding", f"snapshot_encoding must be 'auto', 'fork' or 'inline', got "
                                                f"{c.snapshot_encoding!r}")

@@ -33,7 +33,7 @@ from ..runtime.output import Output
 from ..runtime.task import Task
 from ..runtime.task_loop import PROGRESS_EVERY
 from ..runtime.watchdog import Activity
-from .attempt import DeployOf
+from .attempt import DeployOf, Silence
 
 ROUND_FRAMES = 64  #: frames an input may hand its task in one round
 ENV = ("ABS_ENGINE_ATTEMPT", "ABS_ENGINE_INPROCESS")
@@ -169,7 +169,7 @@ class InProcessAttempt:
     def send(self, task: str, msg: messages.Message) -> None:
         self.ends[task].send(msg)
 
-    def check(self, now: float, task_timeout: float) -> None:
+    def check(self, now: float, silence: Silence) -> None:
         return None  # a task's failure is reported by the round it happened in
 
     def root_cause(self, exclude: str, suspect: str | None) -> None:

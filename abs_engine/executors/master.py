@@ -209,7 +209,9 @@ class JobMaster:
         """Run attempts under the restart strategy until one succeeds or it gives up."""
         cfg = self.config
         # Workers of every attempt connect here (the in-process executor has none).
-        listener = socket.create_server((cfg.host, 0), backlog=512) if cfg.executor != "inprocess" else None
+        # (On the launcher's host: a Spark cluster's executors reach the driver there.)
+        host = self.launcher.host if self.launcher is not None else cfg.host
+        listener = socket.create_server((host, 0), backlog=512) if cfg.executor != "inprocess" else None
         attempt = 0
         try:
             while True:

@@ -143,6 +143,19 @@ def _stage_function(groups: list[list[str]], driver: tuple[str, int], generation
     return run
 
 
+def stage_failure(error: BaseException) -> str:
+    """Why a barrier stage failed, in one line: Py4J's first line only names the call
+    ("An error occurred while calling ...collectAndServe"); the reason is further down
+    (a lost executor, an engine worker's exit, Spark's "Job aborted" line)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    for marker in ("ExecutorLostFailure", "RuntimeError: abs-engine worker", "Job aborted due to stage failure"):
+        for ln in lines:
+            if marker in ln:
+                text = ln[ln.index(marker):]
+                return text[:300]
+    return lines[0][:300] if lines else type(error).__name__
+
+
 class SparkWorker:
     """An engine worker inside a Spark task: reached through its connection; its exit
     status is known once its Spark task has returned."""
@@ -163,8 +176,7 @@ class SparkWorker:
 
     def describe_exit(self, code: int) -> str:
         if self.stage.error is not None and self.task not in self.stage.exit_codes:
-            first = str(self.stage.error).strip().splitlines()
-            return f"its Spark barrier stage failed ({first[0][:300] if first else type(self.stage.error).__name__})"
+            return f"its Spark barrier stage failed ({stage_failure(self.stage.error)})"
         return f"exited with status {code}"
 
     def kill(self) -> None:

@@ -26,6 +26,7 @@ import traceback
 from .. import ids, messages
 from ..tls import Material
 from ..errors import ProtocolError
+from ..wire import give_up_after
 from . import build
 from .channel import OutputChannel, accept_inputs
 from .control import ControlLink
@@ -41,6 +42,10 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     deploy = control.receive()
     if not isinstance(deploy, messages.Deploy):
         raise RuntimeError(f"expected Deploy, got {deploy!r}")
+    if control.sock is not None:
+        # Self-fencing: cut off from the driver, this worker exits (its watchdog's next
+        # heartbeat fails) before the driver, which waits the whole timeout, replaces it.
+        give_up_after(control.sock, deploy.heartbeat_timeout / 2)
     activity = Activity()
     watchdog = Watchdog(control, task_id, activity, deploy.heartbeat_interval, deploy.task_timeout)
     watchdog.start()

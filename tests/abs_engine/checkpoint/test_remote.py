@@ -14,6 +14,7 @@ from abs_engine.checkpoint.remote import RemoteStorage, load_task_state, open_st
 from abs_engine.checkpoint.metadata import FileRef, Metadata, encode_metadata
 from abs_engine.checkpoint.safe_io import METADATA, chk_name
 from abs_engine.checkpoint.storage import CheckpointStorage
+from tests.conftest import covered_by_the_cluster_test
 from abs_engine.errors import CheckpointError, CheckpointErrorReason
 
 _R = CheckpointErrorReason
@@ -169,6 +170,7 @@ def test_wordcount_with_checkpoints_on_s3_under_sigkills_is_exact(s3_server, med
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.timeout(240)
+@covered_by_the_cluster_test
 def test_wordcount_on_spark_with_checkpoints_on_s3_under_sigkills_is_exact(spark, s3_server, medium_corpus,
                                                                           tmp_path):
     """Workers inside Spark tasks write and read their state on the S3 server."""

@@ -18,6 +18,7 @@ BAD = [
     ("retained_checkpoints", True), ("tolerable_failed_checkpoints", -1), ("resume", "yes"),
     ("loop_memory", 1000), ("loop_disk", -1), ("dashboard_token", "short"), ("dashboard_token", "x" * 20 + "/"),
     ("checkpoint_dir", ""), ("checkpoint_dir", "ck\x00pt"), ("progress", "no"), ("tls", 1),
+    ("heartbeat_timeout", -1), ("heartbeat_timeout", math.inf), ("heartbeat_timeout", 3.0),
 ]
 
 
@@ -27,6 +28,14 @@ def test_a_bad_option_is_a_config_error_naming_it(option: str, value: object) ->
         JobConfig(**{option: value})  # type: ignore[arg-type]
     assert e.value.option == option and option in str(e.value)
     assert isinstance(e.value, ValueError)
+
+
+def test_heartbeat_timeout_must_span_heartbeats() -> None:
+    """The worker gives up after half the timeout: that half must hold two heartbeats."""
+    with pytest.raises(ConfigError, match="at least four times heartbeat_interval"):
+        JobConfig(heartbeat_interval=2.0, heartbeat_timeout=7.0)
+    assert JobConfig(heartbeat_interval=2.0, heartbeat_timeout=8.0).heartbeat_timeout == 8.0
+    assert JobConfig(heartbeat_interval=60.0, heartbeat_timeout=0).heartbeat_timeout == 0
 
 
 @pytest.mark.parametrize("option,value", [("checkpoint_interval", 0.01), ("task_timeout", 0), ("resume", "if-present"),

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from abs_engine import Dataflow
-from abs_engine.executors.spark import SparkLauncherError, _slot_groups, available_slots
+from abs_engine.executors.spark import SparkLauncherError, _slot_groups, available_slots, stage_failure
 from abs_engine.testing import KillOnCheckpoints
 from operators import FileSink, TextFileSource
 from tests.abs_engine.executors.test_recovery import as_counts, output_lines
 from tests.chaos_checks import assert_each_kill_restored
-from tests.conftest import batch_word_count
+from tests.conftest import batch_word_count, covered_by_the_cluster_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -34,6 +34,21 @@ def wordcount(src: str, out: str, parallelism: int) -> Dataflow:
 def test_slot_sharing_groups_subtask_k_of_every_operator() -> None:
     assert _slot_groups(["src#0", "src#1", "count#1", "count#0", "sink#0"]) == [
         ["src#0", "count#0", "sink#0"], ["src#1", "count#1"]]
+
+
+def test_a_failed_stage_is_told_by_its_reason_not_by_py4js_first_line() -> None:
+    call = "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe."
+    lost = (f"{call}\n: org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from "
+            "a failed barrier ResultStage.\nExecutorLostFailure (executor 2 exited caused by one of the running "
+            "tasks) Reason: Remote RPC client disassociated.\n\tat org.apache.spark.scheduler.DAGScheduler...")
+    assert stage_failure(RuntimeError(lost)).startswith("ExecutorLostFailure (executor 2 exited")
+    worker = (f"{call}\n: org.apache.spark.SparkException: Job aborted due to stage failure: ...\n"
+              "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+              "RuntimeError: abs-engine worker count#1 (pid 14149) exited with status 1")
+    assert stage_failure(RuntimeError(worker)) == "RuntimeError: abs-engine worker count#1 (pid 14149) exited with status 1"
+    aborted = f"{call}\n: org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 failed"
+    assert stage_failure(RuntimeError(aborted)) == "Job aborted due to stage failure: Task 0 failed"
+    assert stage_failure(RuntimeError("")) == "RuntimeError"
 
 
 def test_wordcount_on_spark_with_sigkills_inside_spark_tasks_is_exact(spark, medium_corpus, tmp_path):
@@ -70,6 +85,7 @@ def cluster_runs(medium_corpus: str, tmp_path_factory: pytest.TempPathFactory) -
     return where, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@covered_by_the_cluster_test
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("kill", ["workers", "executor"])
 def test_wordcount_on_a_local_cluster_under_kills_is_exact(medium_corpus, cluster_runs, kill):

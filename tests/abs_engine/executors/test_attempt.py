@@ -1,0 +1,65 @@
+"""The tasks of an attempt as the driver sees them (executors/attempt.py): a worker that
+sends nothing for the silence bound fails its attempt, naming the bound and its machine."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from abs_engine.executors.attempt import ProcessAttempt, Silence, Worker
+from abs_engine.executors.failures import WorkerFailure
+
+
+class Quiet:
+    """A worker process that is alive and says nothing (a stopped or cut-off one)."""
+
+    pid = None  # it runs on another machine: the driver knows its pid from its Hello
+
+    def poll(self) -> int | None:
+        return None
+
+    def describe_exit(self, code: int) -> str:
+        return f"exited with status {code}"
+
+    def kill(self) -> None:
+        pass
+
+    def dump_stacks(self) -> None:
+        pass
+
+
+def attempt_with(*workers: Worker) -> ProcessAttempt:
+    with socket.socket() as listener:
+        attempt = ProcessAttempt([w.task for w in workers], None, listener, 1, b"s" * 32, None, {},  # type: ignore[arg-type]
+                                 10.0, lambda: None, lambda _: None)
+    attempt.workers = {w.task: w for w in workers}
+    return attempt
+
+
+@pytest.mark.parametrize("heartbeat,task,want", [
+    (30.0, 300.0, Silence(30.0, "heartbeat_timeout")),
+    (0.0, 300.0, Silence(300.0, "task_timeout")),
+    (30.0, 10.0, Silence(10.0, "task_timeout")),
+    (0.0, 0.0, Silence(0.0, "")),
+])
+def test_the_silence_bound_is_the_shorter_timeout_that_is_set(heartbeat, task, want):
+    assert Silence.of(heartbeat, task) == want
+
+
+def test_a_worker_silent_past_the_heartbeat_timeout_fails_naming_it_and_its_machine():
+    now = time.monotonic()
+    heard = Worker("count#1", Quiet(), last_heard=now - 1.0)  # type: ignore[arg-type]
+    silent = Worker("count#0", Quiet(), last_heard=now - 7.0, hello_pid=4242,  # type: ignore[arg-type]
+                    peer_host="10.231.7.12")
+    attempt = attempt_with(heard, silent)
+    attempt.check(now, Silence(8.0, "heartbeat_timeout"))  # within the bound: nothing
+    attempt.check(now, Silence(0.0, ""))  # no bound: nothing
+    with pytest.raises(WorkerFailure) as info:
+        attempt.check(now, Silence(6.0, "heartbeat_timeout"))
+    text = str(info.value)
+    assert info.value.task == "count#0" and "worker 4242 on 10.231.7.12" in text, text
+    assert "sent nothing for 7.0s (heartbeat_timeout=6s)" in text and "cut off" in text, text
+    attempt.committed.add("count#0")  # it committed the final checkpoint: its silence is its end
+    attempt.check(now, Silence(6.0, "heartbeat_timeout"))
