@@ -55,8 +55,9 @@ class Deploy(Message):
     loop_memory: int | None = None
     loop_disk: int | None = None  #: bytes of back-edge input a task may spill before LoopOverflow (None: no bound)
     loop_spill_dir: str = ""  #: where back-edge input spills ("": the system's temporary directory)
-    #: The job's heartbeat_timeout: the worker's control connection gives up after half of
-    #: it without the driver acknowledging anything, and the worker exits (0: never).
+    #: How long the driver lets this worker be silent, when it may run on another machine:
+    #: its control connection gives up after half of it without the driver acknowledging
+    #: anything, and the worker exits (0: never; a worker on the driver's machine).
     heartbeat_timeout: float = 0.0
 
 

@@ -43,7 +43,7 @@ from . import codec
 from .auth import HANDSHAKE_TIMEOUT, new_secret, server_handshake
 from .errors import ProtocolError, ProtocolErrorReason
 from .tls import Material
-from .wire import Wire
+from .wire import Wire, server_socket
 
 SCHEMA, BATCH, END, ERROR = 10, 11, 12, 13
 MAX_REQUEST = 64 << 10  #: a request is a 4-element msgpack list: a few hundred bytes at most
@@ -66,9 +66,9 @@ class PartitionServer:
         self.handshake_timeout = handshake_timeout
         self.sources: dict[str, Registered] = {}
         self.material = Material.generate()  #: for tls_address; travels with the secret
-        self.sock = socket.create_server((host, 0), backlog=64)
+        self.sock = server_socket(host, backlog=64)
         self.address = self.sock.getsockname()[:2]
-        self.tls_sock = socket.create_server((host, 0), backlog=64)
+        self.tls_sock = server_socket(host, backlog=64)
         self.tls_address = self.tls_sock.getsockname()[:2]
         self._lock = threading.Lock()
         self._closed = False

@@ -1,6 +1,7 @@
 """The embedded, quiet, local SparkSession the engine starts when the user gives none.
 
-Quiet: no UI, no console progress, logs at ERROR. Bound to loopback. Spark's Python
+Quiet: no UI, no console progress, logs at ERROR. Bound to loopback (on a standalone
+cluster's master, to this machine's address towards it: ``driver_address``). Spark's Python
 workers run this same interpreter. Partition sizing is pinned (maxPartitionBytes,
 openCostInBytes, default parallelism) so a file-backed DataFrame splits the same way on
 every run, which is what makes (partition, row) offsets replayable.
@@ -36,6 +37,7 @@ BARRIER_CONF = {
 
 _lock = threading.Lock()
 _embedded: Any = None
+_set_local_ip: str | None = None  #: the SPARK_LOCAL_IP the engine set (None: none, or the user's)
 
 
 def embedded_session(master: str | None = None) -> Any:
@@ -51,11 +53,7 @@ def embedded_session(master: str | None = None) -> Any:
             _embedded = None
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        # Bound to loopback on one machine; on a cluster, to the address the executors
-        # reach this machine at (they connect back to the driver and its engine server).
-        address = driver_address(master)
-        if address is not None:
-            os.environ.setdefault("SPARK_LOCAL_IP", address)
+        address = choose_address(master)
         if master and master.startswith("local-cluster") and "SPARK_HOME" not in os.environ:
             os.environ["SPARK_HOME"] = _local_cluster_home()
         try:
@@ -92,14 +90,31 @@ def embedded_session(master: str | None = None) -> Any:
         return spark
 
 
-def driver_address(master: str | None) -> str | None:
+def choose_address(master: str | None) -> str | None:
+    """The driver's address for a session on ``master`` (driver_address), exported as
+    SPARK_LOCAL_IP unless the user set that: bound to loopback on one machine; on a
+    cluster, to the address the executors reach this machine at (they connect back to the
+    driver and its engine servers). A SPARK_LOCAL_IP the engine set for an earlier session
+    of this process is not the user's choice: a cluster session after a local one gets
+    the cluster's address, not loopback."""
+    global _set_local_ip
+    user_ip = os.environ.get("SPARK_LOCAL_IP")
+    user_ip = None if user_ip == _set_local_ip else user_ip
+    address = driver_address(master, user_ip)
+    if address is not None and user_ip is None:
+        os.environ["SPARK_LOCAL_IP"] = _set_local_ip = address
+    return address
+
+
+def driver_address(master: str | None, local_ip: str | None = None) -> str | None:
     """The address the driver binds to and advertises: loopback for a local master; for a
-    standalone cluster (``spark://host:port``) the address of this machine on its route to
-    the master (``SPARK_LOCAL_IP`` if set); None (Spark's own choice) for other masters."""
+    standalone cluster (``spark://host:port``) ``local_ip`` (the user's SPARK_LOCAL_IP) or
+    else the address of this machine on its route to the master; None (Spark's own
+    choice) for other masters."""
     if not master or master.startswith("local"):
         return "127.0.0.1"
-    if os.environ.get("SPARK_LOCAL_IP"):
-        return os.environ["SPARK_LOCAL_IP"]
+    if local_ip:
+        return local_ip
     m = re.match(r"^spark://\[?([^\],/]+?)\]?(?::(\d+))?(?:[,/]|$)", master)
     if not m:
         return None
@@ -108,8 +123,17 @@ def driver_address(master: str | None) -> str | None:
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect((m.group(1), int(m.group(2) or 7077)))  # (UDP: nothing is sent)
             return str(s.getsockname()[0])
-    except OSError:
+    except (OSError, OverflowError, ValueError):
         return None
+
+
+def listen_host(sc: Any) -> str:
+    """Where the engine's servers in the driver (the workers' control server, the Spark
+    sources' partition server) listen for executors: loopback for a local master, else
+    the address the driver advertises (``spark.driver.host``)."""
+    if str(sc.master).startswith("local"):
+        return "127.0.0.1"
+    return str(sc.getConf().get("spark.driver.host", "127.0.0.1"))
 
 
 def _local_cluster_home() -> str:

@@ -22,6 +22,12 @@ from .errors import ProtocolError, ProtocolErrorReason
 from .tls import Material, Tunnel
 
 
+def server_socket(host: str, backlog: int) -> socket.socket:
+    """A listening TCP socket on ``host`` (an IPv4 or IPv6 address), any free port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, 0), family=family, backlog=backlog)
+
+
 def give_up_after(sock: socket.socket, seconds: float) -> None:
     """Abort the connection when data sent on it stays unacknowledged for ``seconds`` (the
     peer's machine lost or cut off): a send then fails instead of queueing for the kernel's

@@ -122,8 +122,10 @@ class ClusterFault:
 
             def heal() -> None:
                 assert self.host is not None
-                self.cluster.heal(self.host)
-                self.healed.set()
+                try:
+                    self.cluster.heal(self.host)
+                finally:
+                    self.healed.set()  # (a heal that failed is reported by what follows, never waited for)
 
             threading.Timer(self.seconds, heal).start()
             threading.Thread(target=self._watch, args=(self.host, time.monotonic()), daemon=True).start()
@@ -217,7 +219,8 @@ def after_heal(cluster: NetnsCluster, report: dict[str, Any], fault: ClusterFaul
     if fault.host is None:
         report["ok"] = False
         return
-    fault.healed.wait()
+    if not fault.healed.wait(fault.seconds + 60):
+        raise RuntimeError(f"host {fault.host} was never healed")
     healed = time.monotonic()
     while engine_workers(cluster, fault.host) and time.monotonic() - healed < 30:
         time.sleep(0.2)  # polling another host's processes for their exit, bounded
@@ -229,17 +232,24 @@ def after_heal(cluster: NetnsCluster, report: dict[str, Any], fault: ClusterFaul
                     and not report["old_workers_left_after_heal"])
 
 
-def return_host(cluster: NetnsCluster, spark: Any, host: str, timeout: float = 60.0) -> float:
-    """Start a lost host's Spark worker again; seconds until the job's slots are back."""
+def every_slot(cluster: NetnsCluster, spark: Any, timeout: float = 90.0) -> float:
+    """Wait until every worker host's executor has registered (a fresh application's
+    executors start seconds after it does, later on a busy machine); the seconds waited."""
     from abs_engine.executors.spark import available_slots
 
     t0 = time.monotonic()
-    cluster.start_worker(host)
-    while available_slots(spark.sparkContext) < len(cluster.workers) * cluster.cores:
+    while (slots := available_slots(spark.sparkContext)) < len(cluster.workers) * cluster.cores:
         if time.monotonic() - t0 > timeout:
-            raise RuntimeError(f"host {host} did not come back within {timeout:.0f} s")
+            raise RuntimeError(f"only {slots} of {len(cluster.workers) * cluster.cores} Spark slots registered "
+                               f"within {timeout:.0f} s: see the hosts' logs under {cluster.root}")
         time.sleep(0.2)  # polling the cluster's registered executors, bounded
     return time.monotonic() - t0
+
+
+def return_host(cluster: NetnsCluster, spark: Any, host: str) -> float:
+    """Start a lost host's Spark worker again; seconds until the job's slots are back."""
+    cluster.start_worker(host)
+    return every_slot(cluster, spark)
 
 
 def main(argv: list[str]) -> int:
@@ -265,6 +275,7 @@ def main(argv: list[str]) -> int:
     from abs_engine.spark_session import session_for
 
     spark = session_for(os.environ.get("SPARK_MASTER_URL", cluster.master_url))
+    every_slot(cluster, spark)
     reports: list[dict[str, Any]] = []
     healing: list[tuple[dict[str, Any], ClusterFault]] = []
     for i, f in enumerate(faults):

@@ -1,15 +1,20 @@
 """A multi-host Spark cluster on one Linux machine: every host a network namespace.
 
     sudo python3 examples/netns_cluster.py demo            # word count on the cluster, one host lost
-    sudo python3 examples/netns_cluster.py run -- CMD ...  # CMD runs on the driver host
+    sudo python3 examples/netns_cluster.py run -- 'CMD'    # CMD runs on the driver host
+    sudo python3 examples/netns_cluster.py down --prefix P # what a killed run left behind
 
 The hosts are Linux network namespaces joined by veth pairs to a bridge (the "switch", in a
 namespace of its own) on a private subnet: a Spark standalone master, ``--workers`` worker
 hosts (each its own address and working directory: Spark's work dir, local dirs and
 temporary files never shared), an S3-compatible store (moto's server) that holds the
-checkpoints and the output, and the driver. Nothing outside the namespaces changes: the
-machine's own network is never touched, so any subnet works, and ``down`` (or the end of
-``run``/``demo``) kills every process of every host and deletes the namespaces.
+checkpoints and the output, and the driver. Namespaces isolate the network, not the file
+system: the hosts' directories are apart, and a job shares nothing through the disk when
+its checkpoints and output are on the store and its input is generated or read through
+Spark. Nothing outside the namespaces changes: the machine's own network is never
+touched, so any subnet works, and the end of ``run``/``demo`` (Ctrl-C and SIGTERM too)
+kills every process of every host and deletes the namespaces; ``down`` removes what a
+killed run left (its namespaces are named ``<prefix>-<host>``).
 
 What a real cluster does to a job, this one does too: ``kill_host`` SIGKILLs every process
 of a host (Spark's worker daemon, its executor JVM, the engine's workers: a lost machine),
@@ -105,6 +110,7 @@ class NetnsCluster:
                       for n in names}
         self.switch = f"{self.prefix}-switch"
         self.procs: dict[str, list[subprocess.Popen[bytes]]] = {}
+        self.created: list[str] = []  #: the namespaces this object made (stop deletes those only)
 
     # -- what processes on the cluster are told ---------------------------------------------
 
@@ -159,12 +165,18 @@ class NetnsCluster:
         return self
 
     def _network(self) -> None:
+        taken = sorted(set(list_namespaces()) & {self.switch, *(h.netns for h in self.hosts.values())})
+        if taken:
+            raise ClusterError(f"namespaces {taken} exist already: another cluster with prefix {self.prefix!r}, or "
+                               f"one a killed run left (remove it: netns_cluster.py down --prefix {self.prefix})")
         _ip("netns", "add", self.switch)
+        self.created.append(self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
         for h in self.hosts.values():
             os.makedirs(os.path.join(h.workdir, "tmp"), exist_ok=True)
             _ip("netns", "add", h.netns)
+            self.created.append(h.netns)
             _ip("-n", self.switch, "link", "add", f"v-{h.name}", "type", "veth", "peer", "name", "eth0", "netns", h.netns)
             _ip("-n", self.switch, "link", "set", f"v-{h.name}", "master", "br0", "up")
             _ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", "eth0")
@@ -182,12 +194,12 @@ class NetnsCluster:
     def popen(self, name: str, argv: list[str], log: str | None = None,
               env: Mapping[str, str] | None = None, output: Any = subprocess.DEVNULL,
               cwd: str | None = None) -> subprocess.Popen[bytes]:
-        """Start ``argv`` on host ``name``: its output to ``log`` in the host's directory, or
-        to ``output`` (a file, ``subprocess.PIPE``, None: this process's)."""
+        """Start ``argv`` on host ``name``: its output (stdout and stderr) to ``log`` in the
+        host's directory, or to ``output`` (a file, ``subprocess.PIPE``, None: this process's)."""
         h = self.hosts[name]
         out: Any = open(os.path.join(h.workdir, log), "ab") if log else output
         p = subprocess.Popen(["ip", "netns", "exec", h.netns, *argv], env={**self.host_env(name), **(env or {})},
-                             stdout=out, stderr=subprocess.STDOUT if log else out,
+                             stdout=out, stderr=subprocess.STDOUT if log or out is subprocess.PIPE else out,
                              cwd=cwd or h.workdir, start_new_session=True)
         if log:
             out.close()
@@ -303,11 +315,11 @@ class NetnsCluster:
             raise ClusterError(f"this kernel has no tc netem ({p.stderr.strip()}) and nftables (nft), the "
                                "fallback for packet loss, is not installed: apt-get install nftables")
         share = max(1, round(loss_percent * 10))  # per mille
-        rules = ["add table inet chaos",
+        rules = ["add table inet chaos",  # (the link only: loopback inside the host is not the network)
                  "add chain inet chaos out { type filter hook output priority 0 ; }",
                  "add chain inet chaos in { type filter hook input priority 0 ; }",
-                 f"add rule inet chaos out numgen random mod 1000 < {share} drop",
-                 f"add rule inet chaos in numgen random mod 1000 < {share} drop"]
+                 f"add rule inet chaos out oifname eth0 numgen random mod 1000 < {share} drop",
+                 f"add rule inet chaos in iifname eth0 numgen random mod 1000 < {share} drop"]
         for rule in rules:
             q = subprocess.run([*run, "nft", *rule.split()], capture_output=True, text=True)
             if q.returncode != 0:
@@ -327,27 +339,47 @@ class NetnsCluster:
     # -- tearing it down ---------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Kill every process of every host and delete the namespaces (idempotent)."""
-        for name, h in self.hosts.items():
-            if os.path.exists(f"/run/netns/{h.netns}"):
-                try:
-                    self.kill_host(name)
-                except ClusterError:
-                    pass
-                subprocess.run(["ip", "netns", "del", h.netns], capture_output=True)
+        """Kill every process of the hosts this object made and delete their namespaces
+        (idempotent)."""
+        remove(self.created)
+        self.created = []
         for ps in self.procs.values():
             for p in ps:
                 try:
                     p.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
-        subprocess.run(["ip", "netns", "del", self.switch], capture_output=True)
 
     def __enter__(self) -> "NetnsCluster":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def list_namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def remove(namespaces: list[str]) -> None:
+    """SIGKILL every process in ``namespaces`` and delete them."""
+    for ns in namespaces:
+        for _ in range(50):
+            out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+            if not out:
+                break
+            for pid in out:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)  # children forked while we killed: look again
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _exit_on(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through stop(): no host left behind
 
 
 def main(argv: list[str]) -> int:
@@ -360,17 +392,27 @@ def main(argv: list[str]) -> int:
     sub.add_parser("demo", help="word count on the cluster with checkpoints on the store; one host is lost")
     run = sub.add_parser("run", help="run CMD on the driver host (sh -c), with the cluster's variables")
     run.add_argument("cmd", nargs=argparse.REMAINDER)
+    down = sub.add_parser("down", help="remove the namespaces (and their processes) of a cluster a killed run left")
+    down.add_argument("--prefix", required=True, help="its prefix: the part of its namespaces' names before '-'")
     args = ap.parse_args(argv)
+    if args.what == "down":
+        left = [ns for ns in list_namespaces() if ns.startswith(f"{args.prefix}-")]
+        remove(left)
+        print(f"removed {len(left)} namespaces: {' '.join(left) or '-'}", file=sys.stderr)
+        return 0
     why = namespaces_allowed()
     if why:
         print(f"netns_cluster: {why}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _exit_on)
+    signal.signal(signal.SIGHUP, _exit_on)
     cluster = NetnsCluster(workers=args.workers, cores=args.cores)
     print(f"starting {args.workers} worker hosts, a master, a store and a driver under {cluster.root} ...",
           file=sys.stderr)
     try:
         cluster.start()
-        print(f"cluster up: master {cluster.master_url}, store {cluster.s3_endpoint}", file=sys.stderr)
+        print(f"cluster up: master {cluster.master_url}, store {cluster.s3_endpoint} (prefix {cluster.prefix})",
+              file=sys.stderr)
         if args.what == "demo":
             here = os.path.dirname(os.path.abspath(__file__))
             cmd = [sys.executable, os.path.join(here, "cluster_wordcount.py"), "--fault", "host"]

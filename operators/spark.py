@@ -167,7 +167,9 @@ class SparkSource(Source[Any]):
             prefers_large_types=conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true",
         )
         # Where the executors that run the source's subtasks reach the driver.
-        self._server_host = df.sparkSession.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
+        from abs_engine.spark_session import listen_host
+
+        self._server_host = listen_host(df.sparkSession.sparkContext)
         server = partition_server(self._server_host)
         server.register(self.source_id, df, self.fingerprint, schema)
         self.address = server.address
@@ -194,7 +196,10 @@ class SparkSource(Source[Any]):
         """Rows the driver has sent to subtasks (driver side; counted across restarts)."""
         from abs_engine.spark_server import partition_server
 
-        server = partition_server(getattr(self, "_server_host", "127.0.0.1"))
+        host = getattr(self, "_server_host", None)
+        if host is None:  # never registered (driver_start did not run here)
+            return getattr(self, "_delivered", 0)
+        server = partition_server(host)
         if self.source_id in server.sources:
             return server.stats(self.source_id).delivered
         return getattr(self, "_delivered", 0)

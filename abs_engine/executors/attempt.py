@@ -14,6 +14,7 @@ message) when it sent any, else with its exit status.
 
 from __future__ import annotations
 
+import select
 import selectors
 import socket
 import time
@@ -86,8 +87,8 @@ class Silence:
 
     @classmethod
     def of(cls, heartbeat_timeout: float, task_timeout: float) -> "Silence":
-        """The shorter of the two that is set: heartbeat_timeout is for lost machines;
-        task_timeout, a user call holding the GIL, bounds the silence too."""
+        """The shorter of the two that is set (``heartbeat_timeout``: JobConfig.heartbeat_bound,
+        for lost machines; ``task_timeout``, for a user call holding the GIL)."""
         timeouts = [(t, n) for t, n in ((heartbeat_timeout, "heartbeat_timeout"), (task_timeout, "task_timeout"))
                     if t]
         return cls(*min(timeouts)) if timeouts else cls(0.0, "")
@@ -297,6 +298,11 @@ class ProcessAttempt:
             return
         for w in self.workers.values():
             if w.task in self.committed or now - w.last_heard <= silence.seconds:
+                continue
+            if w.sock is not None and select.select([w.sock], [], [], 0)[0]:
+                # Its frames wait unread: the driver was busy (a long savepoint copy, a slow
+                # store), not the worker silent. They are read on the next receive.
+                w.last_heard = now
                 continue
             w.proc.dump_stacks()
             where = f" on {w.peer_host}" if w.peer_host else ""

@@ -138,7 +138,7 @@ class AttemptDriver:
                 attempt.send(task, m)
             self._track_triggers()
             self._on_expired()
-        attempt.check(now, Silence.of(cfg.heartbeat_timeout, cfg.task_timeout))
+        attempt.check(now, Silence.of(cfg.heartbeat_bound(), cfg.task_timeout))
         if cfg.stop_when is not None and cfg.stop_when(self.result):
             raise JobCancelled()
         if time.monotonic() >= self.next_progress:

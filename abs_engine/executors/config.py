@@ -21,6 +21,8 @@ RESUME = (False, True, "if-present")
 FAILOVER = ("pipeline", "job")
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 #: Bytes of back-edge input a task holds in memory before it spills the rest to disk.
+#: heartbeat_timeout's default (seconds; four heartbeat intervals if longer).
+DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 DEFAULT_LOOP_MEMORY = 64 << 20
 #: Bytes of back-edge input a task may spill to disk before the job fails (a loop that
 #: makes records faster than it consumes them would otherwise fill the disk).
@@ -101,18 +103,21 @@ class JobConfig:
     ``task_timeout``
         a single call of operator code (a user function on a batch, a source read,
         a snapshot, a publish) that runs longer fails its task, naming the operator and showing
-        its Python stack. 0 disables.
+        its Python stack; a local worker silent for this long (stopped, or holding the GIL)
+        fails too. 0 disables.
     ``heartbeat_interval``
         seconds between a worker's heartbeats; a worker whose driver is gone
         exits within about one interval.
     ``heartbeat_timeout``
-        a worker the driver has heard nothing from for this long (no heartbeat: its machine
-        lost or cut off by the network, the process stopped) fails its attempt (Flink's
-        ``heartbeat.timeout``). The worker fences itself the same way: its control
-        connection gives up after half this time without the driver acknowledging
-        anything (``TCP_USER_TIMEOUT``), and it exits, so a worker cut off from its driver
-        is gone before the driver starts the attempt that replaces it. 0 disables
-        (task_timeout then bounds the silence).
+        for workers that may run on other machines (the Spark executor): one the driver
+        has heard nothing from for this long (its machine lost or cut off by the network,
+        the process stopped) fails its attempt, as Flink's ``heartbeat.timeout`` (whose
+        default is 50 s). The worker fences itself: its control connection gives up after
+        half of it without the driver acknowledging anything (``TCP_USER_TIMEOUT``) and it
+        exits, so a worker cut off from its driver is gone before the driver replaces it;
+        a partition longer than that half fails over. None (the default): 30 s, or four
+        heartbeat intervals if longer; 0 disables (task_timeout then bounds the silence).
+        Local workers share the driver's machine: there task_timeout bounds the silence.
     ``tolerable_failed_checkpoints``
         consecutive checkpoints that may expire (``checkpoint_timeout``)
         before the job fails over (Flink's setting); None: never fail over for that.
@@ -224,7 +229,7 @@ class JobConfig:
     startup_timeout: float = 60.0
     task_timeout: float = 300.0
     heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 30.0
+    heartbeat_timeout: float | None = None
     tolerable_failed_checkpoints: int | None = 3
     tls: bool = False
     snapshot_encoding: str = "auto"
@@ -248,6 +253,15 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         _check_config(self)
+
+    def heartbeat_bound(self) -> float:
+        """Seconds a worker that may be on another machine may send nothing before it
+        counts as lost (0: no such bound): the Spark executor's workers only."""
+        if self.executor != "spark" or self.heartbeat_timeout == 0:
+            return 0.0
+        if self.heartbeat_timeout is None:
+            return max(DEFAULT_HEARTBEAT_TIMEOUT, 4 * self.heartbeat_interval)
+        return float(self.heartbeat_timeout)
 
 
 def _seconds(option: str, value: Any, *, zero: bool = False, none: bool = False, extra: str = "") -> None:
@@ -284,7 +298,7 @@ def _check_config(c: "JobConfig") -> None:
     _seconds("restart_delay", c.restart_delay, zero=True)
     _seconds("startup_timeout", c.startup_timeout)
     _seconds("heartbeat_interval", c.heartbeat_interval)
-    _seconds("heartbeat_timeout", c.heartbeat_timeout, zero=True, extra=" (0 disables it)")
+    _seconds("heartbeat_timeout", c.heartbeat_timeout, zero=True, none=True, extra=" (0 disables it)")
     _seconds("task_timeout", c.task_timeout, zero=True, extra=" (0 disables it)")
     _count("restart_attempts", c.restart_attempts, 0)
     _count("driver_restarts", c.driver_restarts, 0)

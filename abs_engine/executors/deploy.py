@@ -15,7 +15,7 @@ from ..checkpoint import restore_spec
 from ..checkpoint.metadata import Metadata
 from ..checkpoint.rescale import restore_specs
 from ..plan import Plan
-from .attempt import DeployOf
+from .attempt import DeployOf, Silence
 from .config import JobConfig
 
 
@@ -28,6 +28,9 @@ def deployer(plan: Plan, code: bytes, cfg: JobConfig, *, meta: Metadata | None, 
         t: restore_spec.to_data(s)
         for t, s in restore_specs(plan, meta, restore_root, max_parallelism, cfg.allow_non_restored_state).items()}
     final = meta is not None and meta.final
+    # A worker that may be elsewhere gives up on its driver after half the bound the driver
+    # holds it to (so it is gone before it is replaced); one on the driver's machine never.
+    give_up = Silence.of(cfg.heartbeat_bound(), cfg.task_timeout).seconds if cfg.heartbeat_bound() else 0.0
 
     def deploy(task: str, peers: dict[str, tuple[str, int]]) -> messages.Deploy:
         return messages.Deploy(
@@ -38,6 +41,6 @@ def deployer(plan: Plan, code: bytes, cfg: JobConfig, *, meta: Metadata | None, 
             aligned_timeout=cfg.aligned_timeout, unaligned=cfg.mode == "unaligned",
             channel_state_memory=cfg.channel_state_memory, channel_buffer=cfg.channel_buffer or 0,
             loop_memory=cfg.loop_memory, loop_disk=cfg.loop_disk,
-            loop_spill_dir=cfg.loop_spill_dir or "", heartbeat_timeout=cfg.heartbeat_timeout)
+            loop_spill_dir=cfg.loop_spill_dir or "", heartbeat_timeout=give_up)
 
     return deploy

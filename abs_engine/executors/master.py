@@ -37,6 +37,7 @@ import uuid
 from typing import Iterator
 
 from .. import auth, codeship
+from ..wire import server_socket
 from ..tls import Material
 from ..checkpoint import fence
 from ..checkpoint.coordinator import CheckpointCoordinator
@@ -211,7 +212,7 @@ class JobMaster:
         # Workers of every attempt connect here (the in-process executor has none).
         # (On the launcher's host: a Spark cluster's executors reach the driver there.)
         host = self.launcher.host if self.launcher is not None else cfg.host
-        listener = socket.create_server((host, 0), backlog=512) if cfg.executor != "inprocess" else None
+        listener = server_socket(host, backlog=512) if cfg.executor != "inprocess" else None
         attempt = 0
         try:
             while True:

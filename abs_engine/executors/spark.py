@@ -27,7 +27,10 @@ has, not Spark's ten-minute barrier scheduling retry.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
+import io
 import os
 import sys
 import tempfile
@@ -60,12 +63,12 @@ def available_slots(sc: Any) -> int:
         return int(sc.defaultParallelism)
 
 
-def _zip_packages(dest: str) -> str:
+def _zip_packages() -> bytes:
     """A zip of the engine's packages (abs_engine, operators), importable from sys.path.
     Found where the import system would find them, without importing them (the executors
     do not depend on the user API or the operator library)."""
-    path = os.path.join(dest, "abs_engine_packages.zip")
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for pkg in ("abs_engine", "operators"):
             spec = importlib.util.find_spec(pkg)
             assert spec is not None and spec.origin is not None, f"package {pkg} is not importable"
@@ -82,6 +85,34 @@ def _zip_packages(dest: str) -> str:
                         info.compress_type = zipfile.ZIP_DEFLATED
                         with open(full, "rb") as f:
                             zf.writestr(info, f.read())
+    return buf.getvalue()
+
+
+def package_zip() -> str:
+    """The packages' zip as a file Spark can serve: in this user's private cache, in a
+    directory named by the zip's sha256, so every process of one engine version shares
+    one file (none is left behind per run) and a file that is not byte for byte the zip is
+    replaced, never shipped."""
+    data = _zip_packages()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    d = os.path.join(base, "abs-engine", "packages", hashlib.sha256(data).hexdigest()[:24])
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    path = os.path.join(d, "abs_engine_packages.zip")
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(data) + 1) == data:
+                return path
+    except OSError:
+        pass
+    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)  # whole or not at all, for a process reading it meanwhile
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
 
 
@@ -94,7 +125,7 @@ def ship_packages(sc: Any) -> None:
     with _ship_lock:
         app = sc.applicationId
         if app not in _shipped:
-            _shipped[app] = _zip_packages(tempfile.mkdtemp(prefix="abs-engine-pkg-"))
+            _shipped[app] = package_zip()
             sc.addPyFile(_shipped[app])
 
 
@@ -222,12 +253,12 @@ class SparkLauncher:
     """Workers in Spark barrier stages, one per attempt."""
 
     def __init__(self, spark: Any = None, reserve_slots: int = 0):
-        from ..spark_session import embedded_session
+        from ..spark_session import embedded_session, listen_host
 
         self.reserve = reserve_slots  #: slots left free for the job's Spark sources' reads
         self.spark = spark if spark is not None else embedded_session()
         self.sc = self.spark.sparkContext
-        self.host = self.sc.getConf().get("spark.driver.host", "127.0.0.1")
+        self.host = listen_host(self.sc)
         ship_packages(self.sc)
         self.stages: list[_Stage] = []
 

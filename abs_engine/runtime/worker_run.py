@@ -26,7 +26,7 @@ import traceback
 from .. import ids, messages
 from ..tls import Material
 from ..errors import ProtocolError
-from ..wire import give_up_after
+from ..wire import give_up_after, server_socket
 from . import build
 from .channel import OutputChannel, accept_inputs
 from .control import ControlLink
@@ -158,7 +158,7 @@ def run_worker(host: str, port: int, task_id: str, generation: int, bind_host: s
     # How many failovers came before this start (read by abs_engine.testing.fail_at): the
     # attempt's number, or the job's restarts for a region restarted alone (REGION_ATTEMPT_ENV).
     os.environ["ABS_ENGINE_ATTEMPT"] = os.environ.pop(REGION_ATTEMPT_ENV, str(generation))
-    listener = socket.create_server((bind_host, 0), backlog=256)
+    listener = server_socket(bind_host, backlog=256)
     control.send(messages.Hello(task_id, generation, bind_host, listener.getsockname()[1], os.getpid()))
     try:
         _run(control, listener, task_id, generation, secret, material)

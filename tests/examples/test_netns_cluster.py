@@ -21,7 +21,7 @@ import pytest
 
 from examples.netns_cluster import NetnsCluster, namespaces_allowed
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(480)]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "..", "..", "examples", "cluster_wordcount.py")
@@ -67,10 +67,10 @@ def test_a_lost_host_a_partition_and_lossy_links_on_a_multi_host_cluster_are_exa
     assert "heartbeat_timeout" in partition["failure"], partition
     assert partition["running_again_after_s"] < 30, partition
     # The cut-off workers fenced themselves (control connection unacknowledged for half
-    # the timeout) before the driver replaced them, and after the heal nothing of theirs
-    # is left and nothing on the store changed.
+    # the timeout: about 4 s) before their replacements ran, and after the heal nothing of
+    # theirs is left and nothing on the store changed.
     gone = partition["old_workers_gone_after_s"]
-    assert gone is not None and gone < partition["failure_seen_after_s"], partition
+    assert gone is not None and gone < partition["running_again_after_s"], partition
     assert partition["old_workers_left_after_heal"] == [], partition
     assert partition["written_after_heal"] == [], partition
     assert netem["links"], netem

@@ -70,5 +70,4 @@ def build(out: str, marker: str, mode: str) -> Dataflow:
 if __name__ == "__main__":
     out, marker, mode, ckdir, hb = sys.argv[1:6]
     build(out, marker, mode).run(checkpoint_interval=0.05, checkpoint_dir=ckdir, restart_delay=0,
-                                 heartbeat_interval=float(hb), task_timeout=0,
-                                 heartbeat_timeout=0)
+                                 heartbeat_interval=float(hb), task_timeout=0)

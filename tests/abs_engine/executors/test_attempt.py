@@ -63,3 +63,18 @@ def test_a_worker_silent_past_the_heartbeat_timeout_fails_naming_it_and_its_mach
     assert "sent nothing for 7.0s (heartbeat_timeout=6s)" in text and "cut off" in text, text
     attempt.committed.add("count#0")  # it committed the final checkpoint: its silence is its end
     attempt.check(now, Silence(6.0, "heartbeat_timeout"))
+
+
+def test_a_worker_whose_frames_wait_unread_is_not_silent():
+    """The driver was busy (a long savepoint copy): the worker's heartbeats sit in its
+    socket. That is not silence; a socket with nothing in it is."""
+    a, b = socket.socketpair()
+    with a, b:
+        now = time.monotonic()
+        w = Worker("count#0", Quiet(), sock=a, last_heard=now - 60.0, peer_host="10.0.0.2")  # type: ignore[arg-type]
+        attempt = attempt_with(w)
+        with pytest.raises(WorkerFailure):
+            attempt.check(now, Silence(6.0, "heartbeat_timeout"))
+        b.sendall(b"a heartbeat's frame")
+        attempt.check(now, Silence(6.0, "heartbeat_timeout"))
+        assert w.last_heard == now

@@ -38,6 +38,17 @@ def test_heartbeat_timeout_must_span_heartbeats() -> None:
     assert JobConfig(heartbeat_interval=60.0, heartbeat_timeout=0).heartbeat_timeout == 0
 
 
+def test_the_heartbeat_bound_holds_workers_that_may_be_elsewhere_only():
+    """Spark's workers may run on other machines; local ones share the driver's (there
+    task_timeout bounds a silent worker). The default spans four heartbeats at least."""
+    assert JobConfig(executor="spark").heartbeat_bound() == 30.0
+    assert JobConfig(executor="spark", heartbeat_interval=10.0).heartbeat_bound() == 40.0  # no ConfigError
+    assert JobConfig(executor="spark", heartbeat_timeout=6.0).heartbeat_bound() == 6.0
+    assert JobConfig(executor="spark", heartbeat_timeout=0).heartbeat_bound() == 0.0
+    assert JobConfig(executor="local", heartbeat_timeout=6.0).heartbeat_bound() == 0.0
+    assert JobConfig(executor="inprocess").heartbeat_bound() == 0.0
+
+
 @pytest.mark.parametrize("option,value", [("checkpoint_interval", 0.01), ("task_timeout", 0), ("resume", "if-present"),
                                           ("resume", True), ("loop_memory", None), ("restart_delay", 0)])
 def test_good_options_pass(option: str, value: object) -> None:

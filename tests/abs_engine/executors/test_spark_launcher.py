@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from abs_engine import Dataflow
-from abs_engine.executors.spark import SparkLauncherError, _slot_groups, available_slots, stage_failure
+from abs_engine.executors.spark import SparkLauncherError, _slot_groups, available_slots, package_zip, stage_failure
 from abs_engine.testing import KillOnCheckpoints
 from operators import FileSink, TextFileSource
 from tests.abs_engine.executors.test_recovery import as_counts, output_lines
@@ -34,6 +34,22 @@ def wordcount(src: str, out: str, parallelism: int) -> Dataflow:
 def test_slot_sharing_groups_subtask_k_of_every_operator() -> None:
     assert _slot_groups(["src#0", "src#1", "count#1", "count#0", "sink#0"]) == [
         ["src#0", "count#0", "sink#0"], ["src#1", "count#1"]]
+
+
+def test_the_shipped_zip_is_one_private_file_per_version_and_a_tampered_one_is_replaced(tmp_path, monkeypatch):
+    import zipfile
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = package_zip()
+    assert path.startswith(str(tmp_path / "abs-engine" / "packages")) and package_zip() == path
+    assert os.stat(os.path.dirname(path)).st_mode & 0o077 == 0  # private to this user
+    good = open(path, "rb").read()
+    with open(path, "r+b") as f:
+        f.write(b"PK\x03\x04 not the engine")
+    assert package_zip() == path and open(path, "rb").read() == good
+    names = zipfile.ZipFile(path).namelist()
+    assert "abs_engine/__init__.py" in names and "operators/__init__.py" in names
+    assert os.listdir(os.path.dirname(path)) == ["abs_engine_packages.zip"]  # no temporary file left
 
 
 def test_a_failed_stage_is_told_by_its_reason_not_by_py4js_first_line() -> None:
