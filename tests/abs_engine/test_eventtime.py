@@ -210,10 +210,13 @@ def test_interval_join_exactly_once_under_sigkill(tmp_path):
 class GatedSource(Source[Any]):
     """Subtask 0 reads ``first`` at once; subtask 1 reads nothing until ``gate`` exists (it
     fails the job if the gate never opens), then ``second``; subtask 0 stays open until
-    subtask 1 is done (so that the watermark is not +inf before ``second`` comes)."""
+    subtask 1 is done and ``seen`` exists: a record of ``second`` has reached its window
+    task. (Its end sends watermark +inf, on another channel than ``second``'s records: had
+    it reached the window task first, while subtask 1 was still idle there, ``second``
+    would have come late.)"""
 
-    def __init__(self, first: list[Any], second: list[Any], gate: str, done: str):
-        self.first, self.second, self.gate, self.done = first, second, gate, done
+    def __init__(self, first: list[Any], second: list[Any], gate: str, done: str, seen: str):
+        self.first, self.second, self.gate, self.done, self.seen = first, second, gate, done, seen
 
     def open(self, ctx: Any) -> None:
         super().open(ctx)
@@ -233,7 +236,9 @@ class GatedSource(Source[Any]):
         if self.ctx.subtask_index == 1:
             open(self.done, "w").close()
             return None
-        if not os.path.exists(self.done):
+        if not (os.path.exists(self.done) and os.path.exists(self.seen)):
+            if time.monotonic() - self.began > 60:
+                raise RuntimeError("the second split's records never reached their window task")
             time.sleep(0.005)
             return []
         return None
@@ -251,16 +256,21 @@ def test_an_idle_split_does_not_stall_the_windows(tmp_path):
     every window is exact."""
     first = [("a", t) for t in range(0, 3000, 3)]
     second = [("b", t) for t in range(10_000, 12_000, 7)]
-    gate, done = str(tmp_path / "gate"), str(tmp_path / "done")
+    gate, done, seen = str(tmp_path / "gate"), str(tmp_path / "done"), str(tmp_path / "seen")
 
     def open_gate(r: Any) -> Any:
         open(gate, "w").close()
         return r
 
+    def add(a: int, r: Any) -> int:  # (in the window task, as the record arrives)
+        if r[0] == "b" and not os.path.exists(seen):
+            open(seen, "w").close()
+        return a + 1
+
     flow = Dataflow("idle", parallelism=2)
-    res = (flow.source(GatedSource(first, second, gate, done), timestamps=_ts,
+    res = (flow.source(GatedSource(first, second, gate, done, seen), timestamps=_ts,
                        watermarks=ascending(idle_timeout=0.2))
-           .key_by(_key).window(TumblingWindows(500), _ts).aggregate(lambda: 0, lambda a, r: a + 1))
+           .key_by(_key).window(TumblingWindows(500), _ts).aggregate(lambda: 0, add))
     res.map(open_gate, "open_gate").sink(CapturingSink(tmp_path / "out"), parallelism=1)
     result = flow.run(checkpoint_interval=0.2, checkpoint_dir=str(tmp_path / "ck"))
     assert result.restarts == 0
