@@ -2,7 +2,7 @@
 namespaces, checkpoints and output on an S3 store): how long after a lost host and after a
 network partition the job notices and runs again.
 
-    sudo python3 benchmarks/cluster_recovery.py --rounds 3
+    python3 benchmarks/cluster_recovery.py --rounds 3
 
 Each round runs examples/cluster_wordcount.py's jobs in one Spark application: ``none``
 (the baseline), ``host`` (every process of a worker host running the job SIGKILLed right
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
                           "seen_after_s_p50": p50("failure_seen_after_s"),
                           "running_again_after_s_p50": p50("running_again_after_s"),
                           "old_workers_gone_after_s_p50": p50("old_workers_gone_after_s")}
-    cmd = "sudo python3 benchmarks/cluster_recovery.py " + " ".join(argv)
+    cmd = "python3 benchmarks/cluster_recovery.py " + " ".join(argv)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "cluster_recovery.json"), "w") as f:
         json.dump({"command": cmd, "args": vars(args), "runs": runs, "summary": summary, "cpus": os.cpu_count()},

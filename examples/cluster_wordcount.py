@@ -1,7 +1,7 @@
 """Word count on a multi-host Spark cluster, under a fault, checked against a batch count.
 
-    sudo python3 examples/netns_cluster.py demo                          # runs this with --fault host
-    sudo python3 examples/netns_cluster.py run -- python3 examples/cluster_wordcount.py --fault partition
+    python3 examples/netns_cluster.py demo                          # runs this with --fault host
+    python3 examples/netns_cluster.py run -- python3 examples/cluster_wordcount.py --fault partition
 
 Runs on the cluster ``examples/netns_cluster.py`` makes (it reads ``SPARK_MASTER_URL``,
 ``CHECKPOINT_URI`` and ``ABS_CLUSTER`` from the environment): the Spark executor, checkpoints

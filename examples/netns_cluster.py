@@ -1,8 +1,8 @@
 """A multi-host Spark cluster on one Linux machine: every host a network namespace.
 
-    sudo python3 examples/netns_cluster.py demo            # word count on the cluster, one host lost
-    sudo python3 examples/netns_cluster.py run -- 'CMD'    # CMD runs on the driver host
-    sudo python3 examples/netns_cluster.py down --prefix P # what a killed run left behind
+    python3 examples/netns_cluster.py demo            # word count on the cluster, one host lost
+    python3 examples/netns_cluster.py run -- 'CMD'    # CMD runs on the driver host
+    python3 examples/netns_cluster.py down --prefix P # what a killed run left behind
 
 The hosts are Linux network namespaces joined by veth pairs to a bridge (the "switch", in a
 namespace of its own) on a private subnet: a Spark standalone master, ``--workers`` worker
@@ -40,6 +40,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+try:
+    from .netns import ClusterError, ip, kill_all, list_namespaces, namespaces_allowed, remove
+except ImportError:  # run as a script
+    from netns import (ClusterError, ip, kill_all, list_namespaces,  # type: ignore[no-redef,import-not-found]
+                       namespaces_allowed, remove)
+
 #: Dummy credentials for the store (moto accepts any).
 S3_ENV = {"AWS_ACCESS_KEY_ID": "cluster", "AWS_SECRET_ACCESS_KEY": "cluster", "AWS_DEFAULT_REGION": "us-east-1"}
 BUCKET = "abs-cluster"
@@ -49,45 +55,12 @@ MASTER_PORT = 7077
 WORKER_TIMEOUT = 10
 
 
-class ClusterError(RuntimeError):
-    """The cluster could not be set up (not root, no namespaces, Spark did not start)."""
-
-
 @dataclass(frozen=True)
 class Host:
     name: str  #: "master", "worker1", ..., "s3", "driver"
     netns: str  #: the namespace's name (``ip netns``)
     address: str  #: its address on the cluster's subnet
     workdir: str  #: its own directory: Spark work and local dirs, logs, TMPDIR, HOME
-
-
-def _ip(*args: str) -> None:
-    p = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise ClusterError(f"ip {' '.join(args)}: {p.stderr.strip()}")
-
-
-def namespaces_allowed() -> str | None:
-    """None if this process can make network namespaces, else why not."""
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, veth pairs, tc)"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "needs iproute2 (ip, tc)"
-    if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
-        return "needs Java 17 for Spark"
-    probe = f"abs-probe-{os.getpid()}"
-    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if p.returncode != 0:
-        return f"network namespaces are not allowed here: {p.stderr.strip()}"
-    try:
-        netem = subprocess.run(["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "netem",
-                                "delay", "1ms"], capture_output=True).returncode == 0
-    finally:
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    if not netem and shutil.which("nft") is None:
-        return "this kernel has no tc netem, and nftables (the fallback for lossy links) is missing: " \
-               "apt-get install nftables"
-    return None
 
 
 def spark_home() -> str:
@@ -169,19 +142,19 @@ class NetnsCluster:
         if taken:
             raise ClusterError(f"namespaces {taken} exist already: another cluster with prefix {self.prefix!r}, or "
                                f"one a killed run left (remove it: netns_cluster.py down --prefix {self.prefix})")
-        _ip("netns", "add", self.switch)
+        ip("netns", "add", self.switch)
         self.created.append(self.switch)
-        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.switch, "link", "set", "br0", "up")
+        ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        ip("-n", self.switch, "link", "set", "br0", "up")
         for h in self.hosts.values():
             os.makedirs(os.path.join(h.workdir, "tmp"), exist_ok=True)
-            _ip("netns", "add", h.netns)
+            ip("netns", "add", h.netns)
             self.created.append(h.netns)
-            _ip("-n", self.switch, "link", "add", f"v-{h.name}", "type", "veth", "peer", "name", "eth0", "netns", h.netns)
-            _ip("-n", self.switch, "link", "set", f"v-{h.name}", "master", "br0", "up")
-            _ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", "eth0")
-            _ip("-n", h.netns, "link", "set", "eth0", "up")
-            _ip("-n", h.netns, "link", "set", "lo", "up")
+            ip("-n", self.switch, "link", "add", f"v-{h.name}", "type", "veth", "peer", "name", "eth0", "netns", h.netns)
+            ip("-n", self.switch, "link", "set", f"v-{h.name}", "master", "br0", "up")
+            ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", "eth0")
+            ip("-n", h.netns, "link", "set", "eth0", "up")
+            ip("-n", h.netns, "link", "set", "lo", "up")
 
     def host_env(self, name: str) -> dict[str, str]:
         """The environment of a process on host ``name``: its own address and directories."""
@@ -277,26 +250,17 @@ class NetnsCluster:
 
     def kill_host(self, name: str) -> list[int]:
         """SIGKILL every process of host ``name`` (a lost machine), until none is left."""
-        killed: list[int] = []
-        for _ in range(50):
-            pids = self.pids(name)
-            if not pids:
-                return killed
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)  # children forked while we killed: look again
-        raise ClusterError(f"processes of {name} survive SIGKILL: {self.pids(name)}")
+        killed = kill_all(self.hosts[name].netns)
+        if self.pids(name):
+            raise ClusterError(f"processes of {name} survive SIGKILL: {self.pids(name)}")
+        return killed
 
     def partition(self, name: str) -> None:
         """Cut host ``name`` off the network (its link to the switch goes down)."""
-        _ip("-n", self.switch, "link", "set", f"v-{name}", "down")
+        ip("-n", self.switch, "link", "set", f"v-{name}", "down")
 
     def heal(self, name: str) -> None:
-        _ip("-n", self.switch, "link", "set", f"v-{name}", "up")
+        ip("-n", self.switch, "link", "set", f"v-{name}", "up")
 
     def degrade(self, name: str, delay_ms: int = 20, loss_percent: float = 2.0) -> str:
         """Delay and drop packets on host ``name``'s link; returns what was applied.
@@ -355,27 +319,6 @@ class NetnsCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def list_namespaces() -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def remove(namespaces: list[str]) -> None:
-    """SIGKILL every process in ``namespaces`` and delete them."""
-    for ns in namespaces:
-        for _ in range(50):
-            out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-            if not out:
-                break
-            for pid in out:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)  # children forked while we killed: look again
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def _exit_on(signum: int, frame: object) -> None:

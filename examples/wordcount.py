@@ -98,12 +98,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"generating a {args.words:,}-word Zipf corpus at {args.input} ...", file=sys.stderr)
             write_zipf_corpus(args.input + ".tmp", args.words, seed=42)
             os.replace(args.input + ".tmp", args.input)
-    t_build = time.perf_counter()
     try:
+        # A --spark-master session first: the Spark source's DataFrame must be made on it
+        # (starting it later would stop the local session that DataFrame was made on).
+        where = executor_options(args)
+        t_build = time.perf_counter()
         flow = build_flow(args.input, args.output, args.parallelism, args.source)
         setup = time.perf_counter() - t_build  # includes starting Spark with --source spark
         print(flow.explain(), file=sys.stderr)
-        where = executor_options(args)  # starts a --spark-master session now, not in the timing
         t0 = time.perf_counter()
         result = flow.run(
             mode=args.mode,

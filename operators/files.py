@@ -54,7 +54,9 @@ class TextFileSource(Source[str]):
     """
 
     def __init__(self, path: str | os.PathLike[str], batch_bytes: int = 1 << 16):
-        self.path = os.fspath(path)
+        # Absolute here, in the driver: a worker (on Spark, in an executor's directory) reads
+        # the file the user named, not one relative to wherever it runs.
+        self.path = os.path.abspath(os.fspath(path))
         self.batch_bytes = batch_bytes
 
     def check(self) -> None:
@@ -239,7 +241,7 @@ class FileSink(Sink):
         format: str | Callable[[Any], str] | None = None,
         directory: bool | None = None,
     ):
-        self.path = os.fspath(path)
+        self.path = os.path.abspath(os.fspath(path))  # (the driver's directory, as TextFileSource)
         self.format = _formatter(format)
         self.directory = directory  #: None: a file at parallelism 1, a directory otherwise
         self.buffer: list[str] = []

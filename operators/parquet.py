@@ -27,6 +27,8 @@ class ParquetSink(Sink):
 
     def __init__(self, path: str | os.PathLike[str], columns: Sequence[str]):
         self.path = os.fspath(path)
+        if not fs.is_uri(self.path):  # (the driver's directory, as FileSink: not the executor's)
+            self.path = os.path.abspath(self.path)
         self.columns = list(columns)
         if not self.columns:
             raise ValueError("ParquetSink needs at least one column name")

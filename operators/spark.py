@@ -147,6 +147,10 @@ class SparkSource(Source[Any]):
         from abs_engine.spark_server import partition_server
 
         df = self._df
+        if df.sparkSession.sparkContext._jsc.sc().isStopped():
+            raise InputError("the source's DataFrame was made on a SparkSession that has been stopped since (a "
+                             "session on another master started in between stops the embedded one): make the "
+                             "DataFrame, or SparkSource.text(...), after the session the job runs on, or pass it spark=")
         if self.column is not None:
             df = df.select(self.column)
         elif len(df.columns) == 1:

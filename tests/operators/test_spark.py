@@ -266,3 +266,15 @@ def test_the_embedded_session_starts_quietly(tmp_path, small_corpus):
                    if ("WARN" in line or "log4j" in line or "log level" in line) and "incubator" not in line
                    and line != 'Setting default log level to "WARN".']
     assert spark_lines == [], spark_lines
+
+
+def test_a_dataframe_of_a_stopped_session_is_a_clear_error_not_a_java_npe() -> None:
+    """Starting a session on another master stops the embedded one: a DataFrame made on it
+    before would fail deep in Spark (a NullPointerException); the source says what happened."""
+    from types import SimpleNamespace
+
+    stopped = SimpleNamespace(isStopped=lambda: True)
+    df = SimpleNamespace(sparkSession=SimpleNamespace(sparkContext=SimpleNamespace(
+        _jsc=SimpleNamespace(sc=lambda: stopped))))
+    with pytest.raises(InputError, match="SparkSession that has been stopped since"):
+        SparkSource(df).driver_start()
