@@ -26,8 +26,8 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode,source", [("aligned", "file"), ("none", "file"),
-                                         pytest.param("aligned", "spark", marks=pytest.mark.spark)])
+# (--source spark, aligned: the directory test below, one Spark start for both)
+@pytest.mark.parametrize("mode,source", [("aligned", "file"), ("none", "file")])
 def test_wordcount_cli_output_is_exact(small_corpus, tmp_path, mode, source):
     out = tmp_path / "counts.tsv"
     ck = tmp_path / "ck"
@@ -75,11 +75,16 @@ def test_batch_check_counts_every_file_of_a_directory(text_dir, tmp_path):
 @pytest.mark.slow
 @pytest.mark.spark
 def test_wordcount_cli_counts_a_directory_through_spark(text_dir, tmp_path):
-    out = tmp_path / "counts.tsv"
+    """--source spark with aligned checkpoints, on a directory (files Spark skips left out)."""
+    out, ck = tmp_path / "counts.tsv", tmp_path / "ck"
     p = run("--input", directory_input(text_dir, tmp_path), "--output", str(out), "--parallelism", "2",
-            "--checkpoint-interval", "0.05", "--source", "spark")
+            "--checkpoint-interval", "0.05", "--checkpoint-dir", str(ck), "--mode", "aligned", "--source", "spark")
     assert p.returncode == 0, p.stderr
     assert "output equals a plain batch count: YES" in p.stdout
+    assert "source records" in p.stderr  # the progress line
+    listing = subprocess.run([sys.executable, "-m", "abs_engine.cli", "checkpoints", "list", str(ck)],
+                             capture_output=True, text=True)
+    assert listing.returncode == 0 and " ok" in listing.stdout
     got = {}
     for line in out.read_text().splitlines():
         w, n = line.split("\t")

@@ -78,7 +78,10 @@ def test_wordcount_on_spark_with_sigkills_inside_spark_tasks_is_exact(spark, med
     assert_each_kill_restored(res, chaos, min_kills=1)
 
 
-def test_too_few_slots_is_a_clear_error_within_seconds(spark, small_corpus, tmp_path):
+def test_too_few_slots_is_a_clear_error_within_seconds(spark, small_corpus, tmp_path, monkeypatch):
+    import abs_engine.executors.spark as launcher
+
+    monkeypatch.setattr(launcher, "SLOT_WAIT", 1.0)  # (no executor joins this session: the wait is only time)
     slots = available_slots(spark.sparkContext)
     flow = wordcount(small_corpus, str(tmp_path / "o.tsv"), slots + 1)
     t0 = time.monotonic()
