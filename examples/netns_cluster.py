@@ -222,18 +222,24 @@ class NetnsCluster:
             time.sleep(0.2)  # polling a log file for a line another process writes
 
     def _wait_for_s3(self, timeout: float) -> None:
-        code = ("import sys, pyarrow.fs as f\n"
+        """Wait (from the driver host, in one process: no interpreter per try) until the
+        store accepts connections, then make the bucket."""
+        s3 = self.hosts["s3"]
+        code = ("import socket, sys, time\n"
+                f"deadline = time.monotonic() + {timeout}\n"
+                "while True:\n"
+                "    try:\n"
+                f"        socket.create_connection(('{s3.address}', {S3_PORT}), timeout=1).close()\n"
+                "        break\n"
+                "    except OSError:\n"
+                "        if time.monotonic() > deadline: sys.exit(1)\n"
+                "        time.sleep(0.1)  # the store is starting: poll until it listens\n"
+                "import pyarrow.fs as f\n"
                 f"s = f.S3FileSystem(endpoint_override='{self.s3_endpoint}', scheme='http', region='us-east-1', "
-                "allow_bucket_creation=True, connect_timeout=1, request_timeout=2)\n"
+                "allow_bucket_creation=True, connect_timeout=1, request_timeout=5)\n"
                 f"s.create_dir('{BUCKET}')\n")
-        deadline = time.monotonic() + timeout
-        while True:
-            p = self.popen("driver", [sys.executable, "-c", code])
-            if p.wait() == 0:
-                return
-            if time.monotonic() > deadline:
-                raise ClusterError(f"the S3 store did not start: see {self.hosts['s3'].workdir}/s3.log")
-            time.sleep(0.3)  # the store is starting: poll until it answers
+        if self.popen("driver", [sys.executable, "-c", code]).wait() != 0:
+            raise ClusterError(f"the S3 store did not start within {timeout:.0f} s: see {s3.workdir}/s3.log")
 
     # -- faults ------------------------------------------------------------------------------
 
