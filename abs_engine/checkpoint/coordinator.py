@@ -179,10 +179,7 @@ class CheckpointCoordinator:
         out: list[tuple[str, messages.Message]] = []
         for cid, p in list(self.pending.items()):
             if now - p.started > self.timeout:
-                p.discard()
-                del self.pending[cid]
-                self.stats.aborted.append(cid)
-                self.stats.trim(self.stats.aborted)
+                self._abort(cid)
                 self.expired.append((cid, tuple(sorted(p.missing))))
                 if cid == self.savepoint_id:  # the savepoint failed: take the next one instead
                     self.savepoint_id, self.savepoint_requested, self.next_trigger_at = None, True, now
@@ -280,14 +277,18 @@ class CheckpointCoordinator:
         inputs ended) holds any more. Returns the aborted ids."""
         aborted = sorted(self.pending)
         for cid in aborted:
-            self.pending.pop(cid).discard()
-            self.stats.aborted.append(cid)
-        self.stats.trim(self.stats.aborted)
+            self._abort(cid)
         self.finished -= tasks
         self.direct -= tasks
         for t in tasks:
             self.known.pop(t, None)
         return aborted
+
+    def _abort(self, cid: int) -> None:
+        """Pending checkpoint ``cid`` will never complete: dropped, counted as aborted."""
+        self.pending.pop(cid).discard()
+        self.stats.aborted.append(cid)
+        self.stats.trim(self.stats.aborted)
 
     def on_counts(self, msg: messages.Counts) -> list[tuple[str, messages.Message]]:
         """One task's answer to a counting wave (stop-the-world)."""

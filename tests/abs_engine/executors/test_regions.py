@@ -57,27 +57,40 @@ def test_only_pipelines_without_a_shuffle_have_lanes_to_restart(tmp_path) -> Non
     assert failover_regions(shuffled.compile(), JobConfig()) is None  # one region: the whole pipeline
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
-def test_a_killed_lane_restarts_alone_and_the_output_is_exact(tmp_path, mode):
+def killing_lanes(tmp_path, killed: tuple[int, ...], check, **run):  # type: ignore[no-untyped-def]
+    """The lanes job, gated: once two checkpoints completed, SIGKILL the merge worker of
+    each lane in ``killed``; when those lanes run in new workers, ``check(before, after,
+    ck)`` (pids by task); then let the job end. Its result, its output checked exact."""
     gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
     flow, sink = lanes(tmp_path, gate)
     n = len(flow.compile().tasks)
-    thread, box = run_in_thread(lambda: flow.run(checkpoint_dir=ck, checkpoint_interval=0.1, mode=mode))
-    lane = ("left#1", "right#1", "merge#1")
+    thread, box = run_in_thread(lambda: flow.run(checkpoint_dir=ck, checkpoint_interval=0.1, **run))
+    tasks = tuple(f"{op}#{k}" for k in killed for op in ("left", "right", "merge"))
     try:
         wait_for(lambda: len(open_storage(ck).completed_ids()) >= 2, 60, "checkpoints")
         before = wait_for(lambda: workers(n), 30, "every worker")
-        os.kill(before["merge#1"], signal.SIGKILL)
-        after = wait_for(lambda: workers(n, before, lane), 60, "lane 1 running again")
-        assert {t: after[t] for t in before if t not in lane} == {t: before[t] for t in before if t not in lane}
-        last = max(open_storage(ck).completed_ids())
-        wait_for(lambda: max(open_storage(ck).completed_ids()) > last, 60, "a checkpoint of every lane after it")
+        for k in killed:
+            os.kill(before[f"merge#{k}"], signal.SIGKILL)
+        after = wait_for(lambda: workers(n, before, tasks), 60, f"lanes {killed} running again")
+        check(before, after, ck)
     finally:
         open(gate, "w").close()
     thread.join(120)
-    res = box["result"]
     assert sorted(sink.records()) == sorted(2 * x for x in range(2 * N))
+    return box["result"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+def test_a_killed_lane_restarts_alone_and_the_output_is_exact(tmp_path, mode):
+    lane = ("left#1", "right#1", "merge#1")
+
+    def check(before, after, ck):  # type: ignore[no-untyped-def]
+        assert {t: after[t] for t in before if t not in lane} == {t: before[t] for t in before if t not in lane}
+        last = max(open_storage(ck).completed_ids())
+        wait_for(lambda: max(open_storage(ck).completed_ids()) > last, 60, "a checkpoint of every lane after it")
+
+    res = killing_lanes(tmp_path, (1,), check, mode=mode)
     assert res.restarts == 1 and res.phases == ["CREATED", "SCHEDULING", "RUNNING", "FINISHED"]
     (rec,) = res.recoveries
     assert rec.failed_task == "merge#1" and rec.restored_from is not None and rec.running_after_s is not None
@@ -95,23 +108,10 @@ def test_a_poison_record_in_a_lane_still_fails_the_job(tmp_path):
 def test_two_lanes_killed_together_each_restart_alone(tmp_path):  # type: ignore[no-untyped-def]
     """The second lane's death, seen while the first restarts (its workers' hellos), is its
     own region's failure: it restarts alone too, not the whole pipeline; each recovery ends."""
-    gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
-    flow, sink = lanes(tmp_path, gate)
-    n = len(flow.compile().tasks)
-    thread, box = run_in_thread(lambda: flow.run(checkpoint_dir=ck, checkpoint_interval=0.1))
-    killed = ("left#1", "right#1", "merge#1", "left#2", "right#2", "merge#2")
-    try:
-        wait_for(lambda: len(open_storage(ck).completed_ids()) >= 2, 60, "checkpoints")
-        before = wait_for(lambda: workers(n), 30, "every worker")
-        os.kill(before["merge#1"], signal.SIGKILL)
-        os.kill(before["merge#2"], signal.SIGKILL)
-        after = wait_for(lambda: workers(n, before, killed), 60, "lanes 1 and 2 running again")
+    def check(before, after, ck):  # type: ignore[no-untyped-def]
         assert after["merge#0"] == before["merge#0"]  # lane 0 kept its workers
-    finally:
-        open(gate, "w").close()
-    thread.join(120)
-    res = box["result"]
-    assert sorted(sink.records()) == sorted(2 * x for x in range(2 * N))
+
+    res = killing_lanes(tmp_path, (1, 2), check)
     assert res.restarts == 2 and res.phases == ["CREATED", "SCHEDULING", "RUNNING", "FINISHED"]
     assert sorted(r.failed_task for r in res.recoveries) == ["merge#1", "merge#2"]
     assert all(r.running_after_s is not None and r.restored_from is not None for r in res.recoveries)
