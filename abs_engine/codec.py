@@ -7,6 +7,8 @@ Invariants:
   arrays decode as lists, as the operator snapshotted them, except map keys (tuples).
   Maps may have non-string keys.
 - A frame on the wire is ``!IB`` (payload length, kind) followed by the payload.
+- Arrow record batches (``pyarrow.RecordBatch`` records) travel as a msgpack extension
+  holding an Arrow IPC stream (arrow_ipc.py): columnar, never converted row by row.
 - A reader refuses a frame whose header announces more than its ``max_frame`` bytes before
   it buffers the payload (ProtocolError(FRAME_TOO_LARGE)); writers split record batches so
   that no legitimate frame comes near the bound.
@@ -19,6 +21,8 @@ from typing import Any
 
 import msgpack
 
+from .arrow_ipc import decode as _ext_hook
+from .arrow_ipc import encode as _default
 from .errors import ProtocolError, ProtocolErrorReason
 
 HEADER = struct.Struct("!IB")
@@ -37,12 +41,12 @@ class FrameKind:
 
 
 def pack(obj: Any) -> bytes:
-    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    data: bytes = msgpack.packb(obj, use_bin_type=True, default=_default)
     return data
 
 
 def unpack(data: bytes | memoryview) -> Any:
-    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False, ext_hook=_ext_hook)
 
 
 def frame(kind: int, payload: bytes = b"") -> bytes:
@@ -50,7 +54,7 @@ def frame(kind: int, payload: bytes = b"") -> bytes:
 
 
 def records_frame(batch: list[Any]) -> bytes:
-    payload: bytes = msgpack.packb(batch, use_bin_type=True)
+    payload: bytes = msgpack.packb(batch, use_bin_type=True, default=_default)
     return HEADER.pack(len(payload), FrameKind.RECORDS) + payload
 
 
@@ -189,6 +193,7 @@ def unpack_state(data: bytes | memoryview) -> Any:
     decode as *lists* (state is mutable), except map keys, which decode as tuples (they
     must be hashable). Records use ``unpack`` (arrays as tuples) instead."""
     try:  # fast path: no map has an array as a key
-        return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
+        return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False, ext_hook=_ext_hook)
     except TypeError:  # unhashable key: build maps through the hook, which freezes keys
-        return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False, object_pairs_hook=_state_map)
+        return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False, object_pairs_hook=_state_map,
+                               ext_hook=_ext_hook)

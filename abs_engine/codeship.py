@@ -14,6 +14,7 @@ _thread.lock)``), never a bare ``TypeError: cannot pickle '_thread.lock' object`
 from __future__ import annotations
 
 import types
+from collections.abc import Mapping
 from typing import Any, Iterator
 
 import cloudpickle
@@ -26,23 +27,49 @@ MAX_DEPTH = 8
 
 
 def ship(graph: LogicalGraph) -> bytes:
-    """The operator templates and key functions of every node, for the workers."""
-    tables = {
-        "ops": {n.name: n.template for n in graph.nodes.values()},
-        "keys": {n.name: n.key_fn for n in graph.nodes.values()},
-    }
+    """The operator templates and key functions of every node, for the workers: each
+    pickled on its own, so that a worker unpickles only its own chain's code (and the key
+    functions of its out-edges), and imports only what that code imports (a job whose
+    sources use pyarrow does not load it into every worker)."""
+    tables: dict[str, dict[str, bytes]] = {"ops": {}, "keys": {}}
     try:
-        blob: bytes = cloudpickle.dumps(tables)
+        for n in graph.nodes.values():
+            tables["ops"][n.name] = cloudpickle.dumps(n.template)
+            tables["keys"][n.name] = cloudpickle.dumps(n.key_fn)
     except Exception as e:  # noqa: BLE001 - whatever pickling raises, find what and whose
         _explain(graph, e)
         raise
+    blob: bytes = cloudpickle.dumps(tables)
     return blob
 
 
-def load(blob: bytes) -> dict[str, Any]:
-    """On a worker: the {"ops": ..., "keys": ...} tables the driver shipped (Deploy.code)."""
-    tables: dict[str, Any] = cloudpickle.loads(blob)
-    return tables
+class _Unpickled(Mapping[str, Any]):
+    """Node name -> its code, unpickled on first access (once)."""
+
+    def __init__(self, blobs: dict[str, bytes]):
+        self._blobs = blobs
+        self._loaded: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._loaded[name]
+        except KeyError:
+            pass
+        value = self._loaded[name] = cloudpickle.loads(self._blobs[name])
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._blobs)
+
+    def __len__(self) -> int:
+        return len(self._blobs)
+
+
+def load(blob: bytes) -> dict[str, Mapping[str, Any]]:
+    """On a worker: the {"ops": ..., "keys": ...} tables the driver shipped (Deploy.code),
+    each node's code unpickled when it is first looked up."""
+    tables: dict[str, dict[str, bytes]] = cloudpickle.loads(blob)
+    return {what: _Unpickled(table) for what, table in tables.items()}
 
 
 def _picklable(obj: Any) -> Exception | None:

@@ -12,8 +12,10 @@ holds its Dataflow, and ``Stream.key_by`` makes a KeyedStream: annotations only 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterable, TypeVar, overload
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterable, Sequence, TypeVar, overload
 
+from operators.arrow import AGGREGATIONS, FilterBatches, MapBatches, MergeAggregates, PreAggregateBatches, Rows, ToBatches
 from operators.base import Operator, Sink
 from operators.basic import Filter, FlatMap, Identity, Map
 from operators.joins import IntervalJoin
@@ -107,6 +109,70 @@ class Stream(Generic[T]):
         """The records for which ``fn(record)`` is true; on_error as in map()."""
         return Stream(self.flow, self._then(Filter(fn, _on_error(on_error)), "filter", f"filter({_fn_label(fn)})",
                                             name, parallelism))
+
+    # ---- columnar streams: records are pyarrow.RecordBatch (operators/arrow.py) ----------
+
+    def map_batches(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None,
+                    on_error: str = "fail") -> "Stream[Any]":
+        """``fn(batch)`` for every ``pyarrow.RecordBatch``: a RecordBatch, a Table (its
+        batches) or None (nothing); vectorize it with ``pyarrow.compute``. on_error="skip"
+        drops (and reports) a batch ``fn`` raises on."""
+        return Stream(self.flow, self._then(MapBatches(fn, _on_error(on_error)), "map_batches",
+                                            f"map_batches({_fn_label(fn)})", name, parallelism))
+
+    def filter_batches(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None,
+                       on_error: str = "fail") -> "Stream[Any]":
+        """The rows of each RecordBatch where the mask ``fn(batch)`` (a boolean array or
+        expression pyarrow's ``RecordBatch.filter`` takes) is true; on_error as in map_batches()."""
+        return Stream(self.flow, self._then(FilterBatches(fn, _on_error(on_error)), "filter_batches",
+                                            f"filter_batches({_fn_label(fn)})", name, parallelism))
+
+    def rows(self, name: str | None = None, parallelism: int | None = None) -> "Stream[Any]":
+        """Each RecordBatch's rows as tuples (one column: its values), for row operators."""
+        return Stream(self.flow, self._then(Rows(), "rows", "rows", name, parallelism))
+
+    def to_batches(self, columns: Sequence[str], schema: Any = None, name: str | None = None,
+                   parallelism: int | None = None, on_error: str = "fail") -> "Stream[Any]":
+        """Tuples of ``len(columns)`` values as RecordBatches (one per engine batch), types
+        inferred by pyarrow or given by ``schema``; on_error="skip" drops a record that
+        does not fit, reporting it."""
+        if not columns:
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT, "to_batches() needs at least one column name")
+        return Stream(self.flow, self._then(ToBatches(columns, schema, _on_error(on_error)), "to_batches",
+                                            f"to_batches({', '.join(columns)})", name, parallelism))
+
+    def aggregate_batches(self, by: str | Sequence[str], aggregations: Sequence[tuple[str, str]] | None = None,
+                          final: bool = True, name: str | None = None,
+                          parallelism: int | None = None) -> "Stream[tuple[Any, Any]]":
+        """A keyed aggregation of RecordBatches, vectorized: group by the column(s) ``by``
+        and compute ``aggregations``, pairs ``(column, function)`` with function one of
+        count, sum, min, max (``("*", "count")`` counts rows: the default). Each batch is
+        pre-aggregated with pyarrow before the shuffle (``<name>_pre``), so one partial per
+        distinct key and batch crosses it, not a record per row. Emits ``(key, value)``
+        (key: the column's value, or a tuple for several columns; value: the aggregate,
+        or a tuple of them in order): once per key at the end with ``final`` (bounded
+        input), else the key's running value after each batch that had it. Nulls are
+        skipped as in SQL; null keys form a group."""
+        cols = [by] if isinstance(by, str) else list(by)
+        given: list[tuple[Any, ...]] = [("*", "count")] if aggregations is None else [tuple(a) for a in aggregations]
+        if not cols or not all(isinstance(c, str) for c in cols):
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT, f"aggregate_batches(by={by!r}): name the key column(s)")
+        for a in given:
+            if len(a) != 2 or not isinstance(a[0], str) or a[1] not in AGGREGATIONS or (a[0] == "*" and a[1] != "count"):
+                raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                                 f"aggregate_batches(): {a!r} is not a (column, function) pair with function one of "
+                                 f"{', '.join(AGGREGATIONS)} (and column '*' only with count)")
+        aggs = [(str(c), str(f)) for c, f in given]
+        shown = ", ".join(f"{f}({c})" for c, f in aggs)
+        upstream = self.flow.graph.nodes[self.node]
+        pre = Stream(self.flow, self.node, Partition.FORWARD)._then(
+            PreAggregateBatches(cols, aggs), "pre_aggregate_batches",
+            f"pre_aggregate_batches(by={', '.join(cols)}, {shown})",
+            None if name is None else f"{name}_pre", upstream.parallelism)
+        partials: KeyedStream[Any, Any] = self._keyed_stream(self.flow, pre, itemgetter(0), "fail",
+                                                             ", ".join(cols))
+        return partials._keyed(MergeAggregates([f for _, f in aggs], final), "aggregate_batches", name,
+                               parallelism, key_label=f"{', '.join(cols)}; {shown}{'' if final else '; running'}")
 
     def apply(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> "Stream[Any]":
         """Any user-defined Operator subclass (operators/base.py: batches in, records out)."""

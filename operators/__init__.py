@@ -5,6 +5,7 @@ Spark operators live in ``operators.spark`` (imported on demand: PySpark is heav
 """
 
 from .aggregate import Aggregate, AggregateFinal, FoldFinal, StatefulMap
+from .arrow_sources import ArrowTextSource, ParquetSource
 from .base import Operator, OperatorContext, Sink, Source
 from .basic import Filter, FlatMap, Identity, Map
 from .eventtime import BoundedOutOfOrderness, ascending
@@ -35,6 +36,8 @@ __all__ = [
     "StatefulMap",
     "KeyState",
     "TextFileSource",
+    "ArrowTextSource",
+    "ParquetSource",
     "RangeSource",
     "FileSink",
     "BoundedOutOfOrderness",

@@ -124,6 +124,9 @@ class Operator(Guarded, ABC):
     state_layout: ClassVar[Layout | None] = None
     #: Spark task slots it occupies while the job runs (a Spark source reads through jobs of its own).
     spark_slots: int = 0
+    #: Modules its workers need, imported once before workers are forked instead of in
+    #: each (runtime/fork_server.py): only fork-safe ones (pyarrow is).
+    preload: tuple[str, ...] = ()
 
     def open(self, ctx: OperatorContext) -> None:
         self.ctx = ctx
@@ -199,6 +202,7 @@ class Source(Guarded, ABC, Generic[T]):
     #: Spark task slots it occupies while the job runs (a Spark source reads through jobs of its own).
     spark_slots: int = 0
     incremental: bool = False  #: (sources keep offsets, written whole)
+    preload: tuple[str, ...] = ()  #: as Operator.preload
 
     #: The source tracks event time: after each read the task asks ``watermark_status``
     #: what to send downstream (operators/eventtime.py). A capability the task reads, not probes.
@@ -262,6 +266,7 @@ class WrappingSource(Source[T], Generic[T]):
     def __init__(self, inner: Source[T]):
         self.inner = inner
         self.spark_slots = inner.spark_slots
+        self.preload = inner.preload
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)

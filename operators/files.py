@@ -86,7 +86,10 @@ class TextFileSource(Source[str]):
         self._f.readline()
         return self._f.tell()
 
-    def read_batch(self) -> list[str] | None:
+    def _next_chunk(self) -> bytes | None:
+        """The next whole lines of this subtask's ranges, at most about ``batch_bytes``
+        (one line longer than that comes whole), as bytes; None at the end. Advances the
+        offset past them."""
         while self.pos >= self.end:
             if not self.more:
                 return None
@@ -113,6 +116,12 @@ class TextFileSource(Source[str]):
             else:
                 chunk = chunk[: nl + 1]
         self.pos += len(chunk)
+        return chunk
+
+    def read_batch(self) -> list[str] | None:
+        chunk = self._next_chunk()
+        if chunk is None:
+            return None
         try:
             text = chunk.decode("utf-8")
         except UnicodeDecodeError as e:

@@ -66,16 +66,19 @@ def dataframe_fingerprint(df: Any) -> tuple[str, int]:
 
 class SparkSource(Source[Any]):
     """Rows of a Spark DataFrame. With ``column`` (or a one-column DataFrame) each record is
-    that column's value; otherwise a tuple of all columns."""
+    that column's value; otherwise a tuple of all columns. With ``batches=True`` the records
+    are the ``pyarrow.RecordBatch``es Spark sends (of ``column``, or of all columns), handed
+    on whole, with no Python object per row (operators/arrow.py)."""
 
     #: Its partitions are read by Spark jobs while the dataflow runs: on the Spark executor
     #: that slot must stay free beside the workers' barrier stage.
     spark_slots = 1
 
     def __init__(self, df: Any, column: str | None = None, expect: type | None = None,
-                 allow_empty: bool = False, owns_session: bool = False):
+                 allow_empty: bool = False, owns_session: bool = False, batches: bool = False):
         self._df = df
         self.column = column
+        self.batches = batches
         self.expect = expect
         self.allow_empty = allow_empty
         self._owns_session = owns_session
@@ -257,6 +260,8 @@ class SparkSource(Source[Any]):
             self.rows = self.first_rows.get(self.mine[self.next], 0) if self.next < len(self.mine) else 0
             return []
         self.rows += batch.num_rows
+        if self.batches:
+            return [batch] if batch.num_rows else []
         if self.column is not None:
             values: list[Any] = batch.column(0).to_pylist()
             return values

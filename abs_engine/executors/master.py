@@ -49,6 +49,7 @@ from ..checkpoint.storage import CheckpointStorage
 from ..errors import AbsEngineError, JobFailed, JobInterrupted
 from ..graph import LogicalGraph
 from ..plan import Plan
+from ..runtime.fork_server import PRELOAD_ENV
 from ..monitor.store import StatsWriter
 from ..monitor.tracker import JobTracker
 from .config import JobConfig, JobResult
@@ -370,6 +371,9 @@ class JobMaster:
 
             return InProcessAttempt(tasks, gen)
         assert self.launcher is not None and listener is not None
+        preload = sorted({m for n in self.graph.nodes.values() for m in getattr(n.template, "preload", ())})
+        if preload:  # imported once by the fork server, not by every worker
+            env = {**env, PRELOAD_ENV: ",".join(preload)}
         attempt = ProcessAttempt(tasks, self.launcher, listener, gen, secret, material, env,
                                  self.config.startup_timeout, lambda: None, self._log)
         attempt.on_wait = lambda: self.chaos.poll(attempt)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from operators.base import OperatorContext
@@ -37,7 +38,7 @@ class Prepared:
     plan: Plan
     spec: TaskSpec
     chain: Chain
-    key_fns: dict[str, Callable[[Any], Any]]
+    key_fns: Mapping[str, Callable[[Any], Any] | None]
     options: TaskOptions
     replay: list[tuple[int, list[Any]]]
     restored_finished: bool

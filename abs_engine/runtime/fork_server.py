@@ -19,7 +19,14 @@ Protocol, all over pipes only the launcher holds (so nothing to authenticate):
 - EVENTS_FD: ``started PID TASK`` per fork, ``exit PID CODE`` per worker reaped
   (CODE as ``Popen.returncode``: negative for a signal).
 
-Invariants: the server runs no thread (so forking it is safe); it reaps only its own
+Modules named in ``PRELOAD_ENV`` (comma-separated; the driver sets it from the operators'
+``preload``, e.g. pyarrow for columnar operators) are imported once here, before the first
+fork, so that no worker pays for importing them. A failed import is ignored here: the
+worker that needs the module raises it.
+
+Invariants: the server runs no *Python* thread (so forking it is safe; a preloaded library
+may start native threads of its own, and is preloaded only if it is fork-safe: pyarrow
+re-creates its thread pools in a forked child); it reaps only its own
 children, and a child only once the launcher has acknowledged it (until then an exited
 worker stays a zombie, so its pid cannot name another process before the launcher holds
 it by pidfd); it reports each exactly once; a forked worker holds none of its pipes.
@@ -79,12 +86,27 @@ def _name_process(task: str) -> None:
         pass
 
 
+#: Modules the fork server imports before it forks (set by the driver: executors/master.py).
+PRELOAD_ENV = "ABS_ENGINE_PRELOAD"
+
+
+def _preload() -> None:
+    import importlib
+
+    for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001, S112 - the worker that needs it raises it, with its task's name
+            continue
+
+
 def serve(args: list[str]) -> int:
     events_fd, host, port, generation = int(args[0]), args[1], int(args[2]), int(args[3])
     # The terminal's Ctrl-C reaches the process group; the driver decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin = _Lines(0)
     secret, material = parse_secret(*stdin.first_two())
+    _preload()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)

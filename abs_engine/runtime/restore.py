@@ -11,6 +11,7 @@ and its records meet in one subtask.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from operators.base import Source
@@ -23,7 +24,7 @@ from ..plan import Plan, TaskSpec
 
 
 def load(restore: RestoreSpec, plan: Plan, spec: TaskSpec, operators: dict[str, Any],
-         key_fns: dict[str, Callable[[Any], Any]]) -> TaskSnapshotData:
+         key_fns: Mapping[str, Callable[[Any], Any] | None]) -> TaskSnapshotData:
     """The snapshot task ``spec`` restores; ``operators`` are its opened operator instances
     (by name), ``key_fns`` the job's key functions (by keyed operator)."""
     root, cid = restore.root, restore.checkpoint_id
@@ -85,7 +86,7 @@ def replay(snap: TaskSnapshotData, chain: list[str], rescaled: bool) -> list[tup
 
 
 def _routed(f: Inflight, snaps: dict[str, TaskSnapshotData], spec: TaskSpec,
-            key_fns: dict[str, Callable[[Any], Any]], owns: Callable[[Any], bool]) -> list[Any]:
+            key_fns: Mapping[str, Callable[[Any], Any] | None], owns: Callable[[Any], bool]) -> list[Any]:
     """This subtask's share of the records the old subtasks of operator ``f.operator`` logged:
     into a keyed operator (hash edges only), those whose key group it owns, by the
     operator's key function; into any other, every ``parallelism``-th of them (forward and

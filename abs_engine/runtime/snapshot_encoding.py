@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from .. import codec
 from ..checkpoint.incremental import PendingDelta
 from ..errors import SerializationError
 from .output import OperatorFailure
@@ -73,7 +74,7 @@ def _pack_all(states: dict[str, Any]) -> bytes:
         if isinstance(state, PendingDelta):
             state = state.build()  # incremental: only the changed keys (here, or in the child)
         try:
-            packed[name] = msgpack.packb(state, use_bin_type=True)
+            packed[name] = codec.pack(state)
         except _ENCODE_ERRORS as e:
             raise OperatorFailure(name, fatal=True) from SerializationError("the state", name, str(e))
     data: bytes = msgpack.packb(packed, use_bin_type=True)

@@ -279,7 +279,7 @@ def test_a_savepoint_of_an_incremental_checkpoint_is_self_contained(tmp_path):
 ACTIONS = ["process"] * 2 + ["trigger"] * 2 + ["snapshot"] * 4 + ["ack"] * 4 + ["notify"] * 3 + ["abort", "savepoint"]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_retention_never_deletes_a_file_a_checkpoint_savepoint_or_task_needs(tmp_path_factory, data):
     """Random interleavings of processing, triggers, acknowledgements, completions told late,
