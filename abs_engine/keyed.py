@@ -14,7 +14,8 @@ from operators.aggregate import Aggregate, AggregateFinal, FoldFinal, MergeFinal
 from operators.base import KeyFunction, Operator
 from operators.timers import KeyedTimedProcess
 from operators.windows import SessionWindows, SlidingWindows, TumblingWindows, Windows
-from operators.keyed import Count, CountFinal, Reduce, ReduceFinal
+from operators.combiners import PreCount, SumCounts
+from operators.keyed import Count, Reduce, ReduceFinal
 
 from .errors import GraphError, GraphErrorReason
 from .graph import Partition
@@ -57,8 +58,22 @@ class KeyedStream(Stream[T], Generic[T, K]):
         return self._keyed(Count(self.key_fn), "count", name, parallelism)
 
     def count_final(self, name: str | None = None, parallelism: int | None = None) -> Stream[tuple[K, int]]:
-        """Count per key for bounded input: ``(key, count)`` once per key at the end."""
-        return self._keyed(CountFinal(self.key_fn), "count_final", name, parallelism)
+        """Count per key for bounded input: ``(key, count)`` once per key at the end.
+
+        A combiner (operators/combiners.py) counts in the upstream task, before the shuffle,
+        as Spark's ``reduceByKey`` does: only ``(key, n)`` pairs cross to the keyed task,
+        which adds them up. It is named ``<name>_pre`` (``pre_count`` without a name) and
+        ``flow.explain()`` shows it in the upstream task's chain."""
+        upstream = self.flow.graph.nodes[self.node]
+        pre_op = PreCount(self.key_fn)
+        pre_op.key_on_error = self.key_on_error  # the key is computed here, before the shuffle
+        pre = Stream(self.flow, self.node, Partition.FORWARD)._then(
+            pre_op, "pre_count", f"pre_count(key={self._key_label()})",
+            None if name is None else f"{name}_pre", upstream.parallelism)
+        # A key that cannot cross (unhashable) is still key_by's, by its name, in the error.
+        partials: KeyedStream[tuple[Any, int], Any] = KeyedStream(self.flow, pre, itemgetter(0),
+                                                                  key_name=self._key_label())
+        return partials._keyed(SumCounts(), "count_final", name, parallelism, key_label=self._key_label())
 
     def reduce(self, fn: Callable[[T, T], T], name: str | None = None, parallelism: int | None = None,
                on_error: str = "fail") -> Stream[tuple[K, T]]:

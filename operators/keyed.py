@@ -31,6 +31,30 @@ from .state_layout import Part
 KeyFn = Callable[[Any], Any] | None
 
 
+def apply_key_fn(op: Operator, key_fn: Callable[[Any], Any], batch: list[Any]) -> tuple[list[Any], list[Any]]:
+    """``(keys, records)`` of ``batch`` under ``key_fn``, in operator ``op``: a record the
+    key function raises on goes through ``op.record_failed`` with key_by's on_error (the
+    task fails naming it, or it is skipped and left out of both lists)."""
+    try:
+        return list(map(key_fn, batch)), batch  # the fast path: one map over the batch
+    except Exception as e:
+        first = e
+    # Record by record (outside the handler: the failure's traceback shows it once).
+    keys, kept = [], []
+    label = function_label("key", key_fn)
+    for record in batch:
+        try:
+            k = key_fn(record)
+        except Exception as e:
+            op.record_failed(record, label, e, op.key_on_error)  # raises, or skips it
+            continue
+        keys.append(k)
+        kept.append(record)
+    if len(kept) == len(batch) and op.key_on_error == "fail":
+        raise first  # it did not fail on any single record: not reproducible
+    return keys, kept
+
+
 class _Keyed(Operator):
     #: Incremental checkpoints: track key -> value (from the output pairs) instead of keys.
     incremental = True  #: track_changes / take_changes / untrack_changes below
@@ -68,26 +92,8 @@ class _Keyed(Operator):
         return keys, batch
 
     def _apply_key_fn(self, batch: list[Any]) -> tuple[list[Any], list[Any]]:
-        key_fn = self.key_fn
-        assert key_fn is not None
-        try:
-            return list(map(key_fn, batch)), batch  # the fast path: one map over the batch
-        except Exception as e:
-            first = e
-        # Record by record (outside the handler: the failure's traceback shows it once).
-        keys, kept = [], []
-        label = function_label("key", key_fn)
-        for record in batch:
-            try:
-                k = key_fn(record)
-            except Exception as e:
-                self.record_failed(record, label, e, self.key_on_error)  # raises, or skips it
-                continue
-            keys.append(k)
-            kept.append(record)
-        if len(kept) == len(batch) and self.key_on_error == "fail":
-            raise first  # it did not fail on any single record: not reproducible
-        return keys, kept
+        assert self.key_fn is not None
+        return apply_key_fn(self, self.key_fn, batch)
 
     def snapshot(self, checkpoint_id: int) -> Any:
         # No copy: the task encodes the returned state before it processes another record.

@@ -14,9 +14,16 @@ uninterrupted run would; a rescale deals them out with their keys' key groups.
 ``KeyedTimedProcess``: subclass it and write ``process_key(key, record, state, ctx)`` and
 ``on_timer(key, timestamp, domain, state, ctx)``; ``state`` is the key's ``KeyState`` (as in
 ``KeyedProcess``), ``ctx`` a ``TimerContext`` (the record's timestamp, the watermark,
-register and delete timers of the current key). Its whole state is written at every
-checkpoint (no incremental deltas). A record whose timestamp is at or below the watermark
-is late; what to do with it is the operator's choice (``ctx.is_late``).
+register and delete timers of the current key). A record whose timestamp is at or below
+the watermark is late; what to do with it is the operator's choice (``ctx.is_late``).
+
+Incremental checkpoints (checkpoint/incremental.py): a timed operator that tracks the keys
+it touches (``tracks_keys``: windows, and ``KeyedTimedProcess`` unless a subclass overrides
+its ``process``) records every key a record or a fired timer reached; a delta then holds,
+for those keys only, their value (or its deletion) and all their timers, and the
+watermark. Invariant: a key whose value or timers changed is a key a record of it was
+processed for or a timer of it fired for (a callback changes only its own key's state
+and timers).
 
 User functions that raise (operators/base.py, ``Guarded``): the key function, the
 timestamp function and ``process_key`` name the record; ``on_timer`` names the timer's
@@ -159,8 +166,30 @@ class TimedOperator(Operator):
     processing_timers = True
     #: what ``snapshot`` returns: keys and timers split by key group, the lowest watermark
     state_layout = {"keys": Part.KEYED, "timers": Part.KEYED_TIMERS, "watermark": Part.LOWEST}
+    #: incremental deltas are of the "keys" map, with the changed keys' timers (see the module docstring)
+    DELTA_FIELD = "keys"
+    #: Subclasses whose ``process`` records every key it touches in ``changed`` set this:
+    #: only they are checkpointed incrementally (``incremental``, read after ``open``).
+    tracks_keys = False
 
     key_fn: Callable[[Any], Any] | None = None
+    #: The keys touched since ``take_changes`` (None: not tracked).
+    changed: set[Any] | None = None
+
+    @property
+    def incremental(self) -> bool:  # type: ignore[override]
+        return self.tracks_keys
+
+    def track_changes(self) -> None:
+        self.changed = set()
+
+    def untrack_changes(self) -> None:
+        self.changed = None
+
+    def take_changes(self) -> set[Any]:
+        changed = self.changed if self.changed is not None else set()
+        self.changed = set()
+        return changed
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
@@ -186,7 +215,10 @@ class TimedOperator(Operator):
             return []
         self.watermark = watermark
         out: list[Any] = []
+        changed = self.changed
         for key, ts in self.timers.pop_due(EVENT, watermark):
+            if changed is not None:
+                changed.add(key)
             out.extend(self.fire(key, ts, EVENT))
         return out
 
@@ -195,7 +227,10 @@ class TimedOperator(Operator):
 
     def on_processing_time(self, now: float) -> list[Any]:
         out: list[Any] = []
+        changed = self.changed
         for key, ts in self.timers.pop_due(PROCESSING, now):
+            if changed is not None:
+                changed.add(key)
             out.extend(self.fire(key, ts, PROCESSING))
         return out
 
@@ -223,6 +258,8 @@ class KeyedTimedProcess(TimedOperator):
             self.values: dict[Any, Any] = {}
         self._ctx = TimerContext(self)
         self._view = KeyState(self.values)
+        # Its process records the keys it touches; a subclass's own process may not.
+        self.tracks_keys = type(self).process is KeyedTimedProcess.process
 
     def process_key(self, key: Any, record: Any, state: KeyState, ctx: TimerContext) -> Iterable[Any] | None:
         raise NotImplementedError("implement process_key(key, record, state, ctx) in your KeyedTimedProcess")
@@ -264,6 +301,8 @@ class KeyedTimedProcess(TimedOperator):
                     continue
             ctx.key = view.key = key
             ctx.timestamp = ts
+            if self.changed is not None:
+                self.changed.add(key)
             before = values.get(key, _ABSENT) if undo else None
             n = len(out)
             try:

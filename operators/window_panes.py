@@ -42,6 +42,8 @@ class PaneWindows(WindowBase):
                 except Exception as e:
                     self.record_failed(record, self._label("key"), e, self.key_on_error)
                     continue
+            if self.changed is not None:
+                self.changed.add(key)
             wins = state.get(key)
             if wins is None:
                 wins = state[key] = {}

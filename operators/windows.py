@@ -68,6 +68,10 @@ class WindowOperator(SessionMerging, PaneWindows):
     panes in ``PaneWindows``; here: a batch of records, sliding windows' undo, firing, and
     restoring."""
 
+    #: both of its process paths record the keys they touch (incremental checkpoints:
+    #: operators/timers.py)
+    tracks_keys = True
+
     def process(self, batch: list[Any]) -> list[Any]:
         if self.panes:
             return self._process_panes(batch)
@@ -85,6 +89,7 @@ class WindowOperator(SessionMerging, PaneWindows):
         proc = self.kind == PROCESS
         fn = self.fn
         olds: list[Any] = []  #: sliding windows: a record's undo list (below), one list for the batch
+        changed = self.changed
         for record in batch:
             if key_fn is None:
                 key = record
@@ -94,6 +99,8 @@ class WindowOperator(SessionMerging, PaneWindows):
                 except Exception as e:
                     self.record_failed(record, self._label("key"), e, self.key_on_error)
                     continue
+            if changed is not None:
+                changed.add(key)
             try:
                 ts = ts_fn(record)
                 # The latest window's start (then one slide earlier each); a session's: the

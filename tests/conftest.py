@@ -22,6 +22,13 @@ for _k, _v in S3_TEST_ENV.items():
 
 
 @pytest.fixture(scope="session")
+def mypy_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One mypy cache for the session's type checks (fresh: nothing stale from another
+    tree): the second check reuses the package's analysis instead of redoing it."""
+    return str(tmp_path_factory.mktemp("mypy-cache"))
+
+
+@pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("corpus"))
 

@@ -8,6 +8,11 @@ None}}`` (deletes as a map so that keys decode exactly as the full state's keys 
 file then records ``base`` (that checkpoint's id) and ``deltas`` (the operators stored so).
 Other operators (sources, user operators) are written whole in every file.
 
+Timed operators (windows, timers, joins: operators/timers.py) snapshot ``{"keys": map,
+"timers": rows, "watermark": w}``; their delta is the keys' delta plus ``"timers"``, every
+timer of the changed keys (upserted and deleted alike), and ``"watermark"``: applying it
+replaces the changed keys' values and timers and takes the watermark.
+
 Invariants:
 - The metadata of checkpoint n lists, per task, the *chain* its state needs: the files,
   oldest first, from a full file to the base, each a delta on the one before, with size and
@@ -32,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from ..codec import freeze
 from ..errors import CheckpointError, CheckpointErrorReason
 from . import spill
 from .snapshot_file import TaskSnapshotData, decode_snapshot
@@ -72,11 +78,13 @@ class PendingDelta:
     encoder builds it (``build``), on the task thread when it encodes inline, in the forked
     child otherwise, so the task thread's share stays O(1) either way."""
 
-    __slots__ = ("state", "changes")
+    __slots__ = ("state", "changes", "field")
 
-    def __init__(self, state: dict[Any, Any], changes: list[Any]):
+    def __init__(self, state: dict[Any, Any], changes: list[Any], field: str | None = None):
         self.state = state
         self.changes = changes
+        #: None: ``state`` is the map; "keys": a timed operator's state, whose map is that field
+        self.field = field
 
     @property
     def values(self) -> bool:
@@ -86,7 +94,9 @@ class PendingDelta:
     def __len__(self) -> int:
         return sum(len(c) for c in self.changes)  # at least the keys in the delta (epochs overlap)
 
-    def build(self) -> dict[str, dict[Any, Any]]:
+    def build(self) -> dict[str, Any]:
+        if self.field is not None:
+            return self._timed()
         if self.values:
             if len(self.changes) == 1:
                 return {"upserts": self.changes[0], "deletes": {}}
@@ -97,10 +107,29 @@ class PendingDelta:
         changed = self.changes[0] if len(self.changes) == 1 else set().union(*self.changes)
         return delta(self.state, changed)
 
+    def _timed(self) -> dict[str, Any]:
+        """A timed operator's delta: its changed keys, their timers, the watermark."""
+        assert self.field is not None
+        changed = set().union(*self.changes)
+        out: dict[str, Any] = delta(self.state[self.field], changed)
+        timers = []
+        for domain, ts, keys in self.state["timers"]:
+            mine = [k for k in keys if k in changed]
+            if mine:
+                timers.append([domain, ts, mine])
+        out["timers"] = timers
+        out["watermark"] = self.state["watermark"]
+        return out
+
+
+_TIMED = {"upserts", "deletes", "timers", "watermark"}
+
 
 def apply(state: Any, change: Any) -> dict[Any, Any]:
     """``state`` (decoded, owned by the caller: changed in place) with a decoded delta
     applied; ValueError if either is not what a delta chain holds."""
+    if isinstance(change, dict) and set(change) == _TIMED:
+        return _apply_timed(state, change)
     if state is None:
         state = {}
     if not isinstance(state, dict):
@@ -112,6 +141,25 @@ def apply(state: Any, change: Any) -> dict[Any, Any]:
         state.pop(k, None)
     state.update(change["upserts"])
     return state
+
+
+def _apply_timed(state: Any, change: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(state, dict) or set(state) != {"keys", "timers", "watermark"}:
+        raise ValueError("the state under a timed operator's delta is not {keys, timers, watermark}")
+    timers = change["timers"]
+    if not isinstance(timers, list) or not all(isinstance(r, list) and len(r) == 3 and isinstance(r[2], list)
+                                               for r in timers):
+        raise ValueError("a timed delta's timers are not [domain, timestamp, [keys]] rows")
+    keys = apply(state["keys"], {"upserts": change["upserts"], "deletes": change["deletes"]})
+    changed = set(change["upserts"]) | set(change["deletes"])
+    rows: dict[tuple[Any, Any], list[Any]] = {}  # (domain, timestamp) -> keys: one row each, as a snapshot has
+    for domain, ts, bucket in state["timers"]:
+        kept = [k for k in bucket if freeze(k) not in changed]
+        if kept:
+            rows.setdefault((domain, ts), []).extend(kept)
+    for domain, ts, bucket in timers:
+        rows.setdefault((domain, ts), []).extend(bucket)
+    return {"keys": keys, "timers": [[d, ts, ks] for (d, ts), ks in rows.items()], "watermark": change["watermark"]}
 
 
 def resolve(files: list[tuple[int, TaskSnapshotData]], shown: str, checkpoint_id: int) -> TaskSnapshotData:

@@ -42,6 +42,15 @@ PAUSE = 8  #: snapshots an operator stops tracking for after its changes exceede
 KEY_COST = 10  #: a looked-up key costs about this many entries to encode (for auto's fork choice)
 
 
+def _keyed_map(op: Any, state: Any) -> dict[Any, Any] | None:
+    """The map of keys of an operator's snapshot that deltas are of (a timed operator's:
+    its ``DELTA_FIELD``), or None if the snapshot has none."""
+    field = getattr(op, "DELTA_FIELD", None)
+    if field is not None:
+        state = state.get(field) if isinstance(state, dict) else None
+    return state if isinstance(state, dict) else None
+
+
 class Increments:
     """Per task: the epochs of changed keys, the files written, the base to build on."""
 
@@ -64,10 +73,10 @@ class Increments:
         Returns the base (None: a full file), the operators written as deltas, and the number
         of entries to encode (for the encoder's choice of fork or inline)."""
         for name, op in self.candidates.items():
+            keyed = _keyed_map(op, states.get(name))
             if name in self.since:
                 self.epochs[name].append((checkpoint_id, op.take_changes()))
-            elif (isinstance(states.get(name), dict) and len(states[name]) >= MIN_STATE
-                  and checkpoint_id >= self.resume_at.get(name, 0)):
+            elif keyed is not None and len(keyed) >= MIN_STATE and checkpoint_id >= self.resume_at.get(name, 0):
                 op.track_changes()  # changes after this snapshot: the next can be a delta on it
                 self.since[name], self.epochs[name] = checkpoint_id, []
         base = self.known if self.known in self.written else None
@@ -76,10 +85,13 @@ class Increments:
         if base is not None and self.written[base] < self.max_chain:
             for name, since in list(self.since.items()):
                 state = states.get(name)
-                if since > base or not isinstance(state, dict):
+                op = self.candidates[name]
+                keyed = _keyed_map(op, state)
+                if since > base or keyed is None or not isinstance(state, dict):
                     continue
-                pending = PendingDelta(state, [keys for cid, keys in self.epochs[name] if cid > base])
-                if len(pending) > (MAX_CHANGED_VALUES if pending.values else MAX_CHANGED_KEYS) * len(state):
+                pending = PendingDelta(state, [keys for cid, keys in self.epochs[name] if cid > base],
+                                       getattr(op, "DELTA_FIELD", None))
+                if len(pending) > (MAX_CHANGED_VALUES if pending.values else MAX_CHANGED_KEYS) * len(keyed):
                     self._pause(name, checkpoint_id)  # written whole
                     continue
                 states[name] = pending

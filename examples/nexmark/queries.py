@@ -16,13 +16,13 @@ compared as multisets (a parallel job interleaves its subtasks' records).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from abs_engine import Dataflow
 from operators import Sink, Source
 from operators.nexmark import AUCTION, BID, DEFAULT_RATE, PERSON, NexmarkSource, events
 
-from .windowed import build_q5, build_q7, build_q8, oracle_q5, oracle_q7, oracle_q8
+from .windowed import build_q5, build_q7, build_q8, oracle_q5, oracle_q7, oracle_q8, plain_q5, plain_q7, plain_q8
 
 EURO_RATE = 0.908
 Q3_STATES = ("OR", "ID", "CA")
@@ -76,50 +76,89 @@ def _source(flow: Dataflow, count: int, parallelism: int, seed: int, rate: int, 
 
 
 def build_q0(count: int, sink: Sink, parallelism: int = 2, seed: int = 0,
-             rate: int = DEFAULT_RATE, source: Source[Event] | None = None) -> Dataflow:
+             rate: int = DEFAULT_RATE, source: Source[Event] | None = None,
+             sink_parallelism: int | None = 1) -> Dataflow:
     flow = Dataflow("nexmark-q0", parallelism=parallelism)
-    _source(flow, count, parallelism, seed, rate, source).filter(is_bid, "bids").sink(sink, "out", parallelism=1)
+    _source(flow, count, parallelism, seed, rate, source).filter(is_bid, "bids").sink(sink, "out", parallelism=sink_parallelism)
     return flow
 
 
 def build_q1(count: int, sink: Sink, parallelism: int = 2, seed: int = 0,
-             rate: int = DEFAULT_RATE, source: Source[Event] | None = None) -> Dataflow:
+             rate: int = DEFAULT_RATE, source: Source[Event] | None = None,
+             sink_parallelism: int | None = 1) -> Dataflow:
     flow = Dataflow("nexmark-q1", parallelism=parallelism)
-    _source(flow, count, parallelism, seed, rate, source).filter(is_bid, "bids").map(to_euro, "euro").sink(sink, "out", parallelism=1)
+    _source(flow, count, parallelism, seed, rate, source).filter(is_bid, "bids").map(to_euro, "euro").sink(sink, "out", parallelism=sink_parallelism)
     return flow
 
 
 def build_q2(count: int, sink: Sink, parallelism: int = 2, seed: int = 0,
-             rate: int = DEFAULT_RATE, source: Source[Event] | None = None) -> Dataflow:
+             rate: int = DEFAULT_RATE, source: Source[Event] | None = None,
+             sink_parallelism: int | None = 1) -> Dataflow:
     flow = Dataflow("nexmark-q2", parallelism=parallelism)
-    _source(flow, count, parallelism, seed, rate, source).filter(q2_pick, "pick").map(q2_project, "project").sink(sink, "out", parallelism=1)
+    _source(flow, count, parallelism, seed, rate, source).filter(q2_pick, "pick").map(q2_project, "project").sink(sink, "out", parallelism=sink_parallelism)
     return flow
 
 
 def build_q3(count: int, sink: Sink, parallelism: int = 2, seed: int = 0,
-             rate: int = DEFAULT_RATE, source: Source[Event] | None = None) -> Dataflow:
+             rate: int = DEFAULT_RATE, source: Source[Event] | None = None,
+             sink_parallelism: int | None = 1) -> Dataflow:
     flow = Dataflow("nexmark-q3", parallelism=parallelism)
     (_source(flow, count, parallelism, seed, rate, source).filter(q3_side, "sides").key_by(q3_key)
-     .stateful_map(q3_join, "join").flat_map(lambda kv: kv[1], "results").sink(sink, "out", parallelism=1))
+     .stateful_map(q3_join, "join").flat_map(lambda kv: kv[1], "results").sink(sink, "out", parallelism=sink_parallelism))
     return flow
 
 
+# The plain single-process implementations: each query over a sequence of events, in one
+# loop of plain Python. They are the batch oracles (``oracle_*`` runs them over the
+# generated events) and the per-core baseline of benchmarks/nexmark_bench.py.
+
+
+def plain_q0(evs: Iterable[Event]) -> list[Event]:
+    return [e for e in evs if e[0] == BID]
+
+
+def plain_q1(evs: Iterable[Event]) -> list[Event]:
+    return [[e[1], e[2], EURO_RATE * e[3], e[6]] for e in evs if e[0] == BID]
+
+
+def plain_q2(evs: Iterable[Event]) -> list[Event]:
+    return [[e[1], e[3]] for e in evs if e[0] == BID and e[1] % 123 == 0]
+
+
+def plain_q3(evs: Iterable[Event]) -> list[Event]:
+    """As the dataflow does it, incrementally: a person waits for their auctions, an
+    auction for its seller."""
+    people: dict[int, list[Any]] = {}
+    waiting: dict[int, list[int]] = {}
+    out: list[Event] = []
+    for e in evs:
+        if e[0] == PERSON:
+            if e[6] in Q3_STATES:
+                person = people[e[1]] = [e[2], e[5], e[6]]
+                out += [[*person, a] for a in waiting.pop(e[1], ())]
+        elif e[0] == AUCTION and e[9] == Q3_CATEGORY:
+            seller = people.get(e[8])
+            if seller is not None:
+                out.append([*seller, e[1]])
+            else:
+                waiting.setdefault(e[8], []).append(e[1])
+    return out
+
+
 def oracle_q0(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
-    return [e for e in events(count, seed, rate) if is_bid(e)]
+    return plain_q0(events(count, seed, rate))
 
 
 def oracle_q1(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
-    return [to_euro(e) for e in events(count, seed, rate) if is_bid(e)]
+    return plain_q1(events(count, seed, rate))
 
 
 def oracle_q2(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
-    return [q2_project(e) for e in events(count, seed, rate) if q2_pick(e)]
+    return plain_q2(events(count, seed, rate))
 
 
 def oracle_q3(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
-    evs = list(events(count, seed, rate))
-    people = {e[1]: [e[2], e[5], e[6]] for e in evs if e[0] == PERSON and e[6] in Q3_STATES}
-    return [[*people[e[8]], e[1]] for e in evs if e[0] == AUCTION and e[9] == Q3_CATEGORY and e[8] in people]
+    return plain_q3(events(count, seed, rate))
 
 
 QUERIES: dict[str, tuple[Callable[..., Dataflow], Callable[..., list[Event]]]] = {
@@ -127,6 +166,10 @@ QUERIES: dict[str, tuple[Callable[..., Dataflow], Callable[..., list[Event]]]] =
     "q5": (build_q5, oracle_q5), "q7": (build_q7, oracle_q7), "q8": (build_q8, oracle_q8),
 }
 EVENT_TIME = ("q5", "q7", "q8")  #: the windowed queries (windowed.py)
+#: Each query's plain single-process implementation over a sequence of events.
+PLAIN: dict[str, Callable[[Iterable[Event]], list[Event]]] = {
+    "q0": plain_q0, "q1": plain_q1, "q2": plain_q2, "q3": plain_q3, "q5": plain_q5, "q7": plain_q7, "q8": plain_q8,
+}
 
 
 def canonical(records: list[Any]) -> list[str]:

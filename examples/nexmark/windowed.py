@@ -111,18 +111,23 @@ def _q5_row(r: Any) -> list[Any]:
 
 
 def build_q5(count: int, sink: Sink, parallelism: int = 2, seed: int = 0, rate: int = DEFAULT_RATE,
-             source: Source[Event] | None = None) -> Dataflow:
+             source: Source[Event] | None = None,
+             sink_parallelism: int | None = 1) -> Dataflow:
     flow = Dataflow("nexmark-q5", parallelism=parallelism)
     (_events(flow, count, parallelism, seed, rate, source).flat_map(q5_bid, "bids")
      .key_by(_first).window(SlidingWindows(Q5_SIZE, Q5_SLIDE), _second).aggregate(_zero, _plus_one, merge=_sum, name="bids_per_auction")
      .key_by(_window_end).window(TumblingWindows(Q5_SLIDE), _end_minus_one).aggregate(_hot_new, _hot_add, name="hottest")
-     .map(_q5_row, "row").sink(sink, "out", parallelism=1))
+     .map(_q5_row, "row").sink(sink, "out", parallelism=sink_parallelism))
     return flow
 
 
 def oracle_q5(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
+    return plain_q5(events(count, seed, rate))
+
+
+def plain_q5(evs: Iterable[Event]) -> list[Event]:
     counts: dict[int, Counter[int]] = defaultdict(Counter)
-    for e in events(count, seed, rate):
+    for e in evs:
         if e[0] == BID:
             last = e[6] - e[6] % Q5_SLIDE
             for start in range(last, e[6] - Q5_SIZE, -Q5_SLIDE):
@@ -165,18 +170,23 @@ def _q7_row(r: Any) -> list[Any]:
 
 
 def build_q7(count: int, sink: Sink, parallelism: int = 2, seed: int = 0, rate: int = DEFAULT_RATE,
-             source: Source[Event] | None = None) -> Dataflow:
+             source: Source[Event] | None = None,
+             sink_parallelism: int | None = 1) -> Dataflow:
     flow = Dataflow("nexmark-q7", parallelism=parallelism)
     (_events(flow, count, parallelism, seed, rate, source).flat_map(q7_bid, "bids")
      .key_by(_first).window(TumblingWindows(Q7_SIZE), _fourth).reduce(_higher_bid, "top_per_auction")
      .key_by(_window_end).window(TumblingWindows(Q7_SIZE), _end_minus_one).reduce(_higher_result, "top")
-     .map(_q7_row, "row").sink(sink, "out", parallelism=1))
+     .map(_q7_row, "row").sink(sink, "out", parallelism=sink_parallelism))
     return flow
 
 
 def oracle_q7(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
+    return plain_q7(events(count, seed, rate))
+
+
+def plain_q7(evs: Iterable[Event]) -> list[Event]:
     best: dict[int, Event] = {}
-    for e in events(count, seed, rate):
+    for e in evs:
         if e[0] == BID:
             end = e[6] - e[6] % Q7_SIZE + Q7_SIZE
             b = q7_bid(e)[0]
@@ -204,18 +214,23 @@ def q8_join(person_id: int, start: int, end: int, records: list[Event]) -> Itera
 
 
 def build_q8(count: int, sink: Sink, parallelism: int = 2, seed: int = 0, rate: int = DEFAULT_RATE,
-             source: Source[Event] | None = None) -> Dataflow:
+             source: Source[Event] | None = None,
+             sink_parallelism: int | None = 1) -> Dataflow:
     flow = Dataflow("nexmark-q8", parallelism=parallelism)
     (_events(flow, count, parallelism, seed, rate, source)
      .filter(q8_side, "people_and_auctions").key_by(q8_key).window(TumblingWindows(Q8_SIZE), event_time)
-     .process(q8_join, "new_sellers").sink(sink, "out", parallelism=1))
+     .process(q8_join, "new_sellers").sink(sink, "out", parallelism=sink_parallelism))
     return flow
 
 
 def oracle_q8(count: int, seed: int = 0, rate: int = DEFAULT_RATE) -> list[Event]:
+    return plain_q8(events(count, seed, rate))
+
+
+def plain_q8(evs: Iterable[Event]) -> list[Event]:
     people: dict[tuple[int, int], str] = {}
     sold: set[tuple[int, int]] = set()
-    for e in events(count, seed, rate):
+    for e in evs:
         ts = event_time(e)
         start = ts - ts % Q8_SIZE
         if e[0] == PERSON:

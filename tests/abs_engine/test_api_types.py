@@ -66,12 +66,12 @@ EXPECTED = {
 
 
 @pytest.mark.timeout(600)
-def test_mypy_infers_record_types_and_rejects_functions_that_do_not_fit(tmp_path: object) -> None:
+def test_mypy_infers_record_types_and_rejects_functions_that_do_not_fit(tmp_path: object, mypy_cache_dir: str) -> None:
     path = os.path.join(str(tmp_path), "pipeline.py")
     with open(path, "w") as f:
         f.write(PIPELINE)
     lines = PIPELINE.splitlines()
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", path], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--cache-dir", mypy_cache_dir, path], cwd=ROOT,
                           capture_output=True, text=True)
     out = proc.stdout
     revealed, errors = {}, {}

@@ -64,7 +64,8 @@ def test_plan_prints_chains_and_partitioning(capsys):
     assert "chains" in out
     assert "read [TextFileSource] -> split" in out  # source and flat_map are fused
     assert "count" in out and "write [FileSink]" in out
-    assert "split -> count  [hash]" in out
+    assert "-> count_pre [pre_count(key=record)]" in out  # count_final's combiner, chained before the shuffle
+    assert "count_pre -> count  [hash]" in out
     assert "read#1" in out and "write#0" in out
 
 

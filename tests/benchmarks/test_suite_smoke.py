@@ -67,15 +67,18 @@ def test_dashboard_bench_runs_on_tiny_inputs(tmp_path):
 
 
 def test_nexmark_bench_runs_on_tiny_inputs(tmp_path):
-    """Without Bytewax (CI does not install it): the engine's side of the comparison, and
-    its oracle check (a wrong answer would exit non-zero)."""
+    """Without Bytewax (CI does not install it): the plain loop and the engine's variants of
+    two queries (a stateless one and a windowed one), and their oracle checks (a wrong
+    answer or row count would exit non-zero)."""
     from benchmarks import nexmark_bench
 
     out = tmp_path / "results"
     assert nexmark_bench.main(["--events", "20000", "--repeat", "1", "--interval", "0.2", "--no-bytewax",
-                               "--out", str(out)]) == 0
+                               "--queries", "q2,q7", "--out", str(out)]) == 0
     doc = json.loads((out / "nexmark.json").read_text())
-    assert set(doc["queries"]) == {"q5", "q7"}
+    assert set(doc["queries"]) == {"q2", "q7"}
     for q in doc["queries"].values():
-        assert set(q["events_per_s"]) == {"none", "abs"} and all(v > 0 for v in q["events_per_s"].values())
-    assert "| q5 |" in (out / "nexmark.md").read_text()
+        assert set(q["events_per_s"]) == {"plain", "p1 none", "p1 abs", "p2 none", "p2 abs"}
+        assert all(v > 0 for v in q["events_per_s_per_core"].values())
+    text = (out / "nexmark.md").read_text()
+    assert "| q7 |" in text and "Flink 1.13" in text

@@ -100,3 +100,58 @@ def test_an_incremental_checkpoint_rescales_exactly(tmp_path, before, after, use
         restart_delay=0)
     assert res.restored_from[0] == last
     assert collections.Counter(tuple(r) for r in sink.records()) == oracle(records)
+
+
+USERS, HOT_USERS, GAP = 3_000, 60, 10**9
+
+
+def click_ts(r: tuple[str, int]) -> int:
+    return r[1]
+
+
+def click_user(r: tuple[str, int]) -> str:
+    return r[0]
+
+
+def test_incremental_session_windows_under_sigkills_are_exact(tmp_path):
+    """Sessions of every user stay open to the end; after the first checkpoints only a few
+    hot users click: the windows' checkpoints are deltas (keys, their timers, the
+    watermark), and the sessions that fire at the end are the batch oracle's."""
+    from operators import SessionWindows
+
+    users = list(range(USERS)) + [i % HOT_USERS for i in range(150_000)]
+    clicks = [(f"u{u}", i) for i, u in enumerate(users)]
+    gate = tmp_path / "gate"
+    f = Dataflow("sessions", parallelism=2)
+    source = GatedSource(TestingSource(clicks, batch_size=300), gate, after=(USERS + 30_000) // 2)
+    (f.source(source, name="clicks", timestamps=click_ts).key_by(click_user)
+     .window(SessionWindows(GAP), click_ts).aggregate(zero, plus_one, merge=add, name="sessions")
+     .sink(CapturingSink(tmp_path / "out"), name="sink", parallelism=1))
+    chaos = KillOnCheckpoints([3, 6], seed=5)
+    res = f.run(checkpoint_interval=0.02, checkpoint_dir=str(tmp_path / "ck"), incremental_checkpoints=True,
+                chaos=chaos, restart_delay=0,
+                stop_when=lambda r: len(chaos.killed) == 2 and any(c.delta_tasks for c in r.checkpoints)
+                and gate.touch())
+    assert_each_kill_restored(res, chaos, min_kills=2)
+    assert any(c.delta_tasks for c in res.checkpoints), "no window checkpoint was incremental"
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    count: collections.Counter[str] = collections.Counter()
+    for u, t in clicks:
+        first.setdefault(u, t)
+        last[u] = t
+        count[u] += 1
+    expected = collections.Counter((u, first[u], last[u] + GAP, count[u]) for u in count)
+    assert collections.Counter(tuple(r) for r in CapturingSink(tmp_path / "out").records()) == expected
+
+
+def zero() -> int:
+    return 0
+
+
+def plus_one(n: int, r: Any) -> int:
+    return n + 1
+
+
+def add(a: int, b: int) -> int:
+    return a + b
