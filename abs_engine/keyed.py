@@ -73,7 +73,9 @@ class KeyedStream(Stream[T], Generic[T, K]):
         # A key that cannot cross (unhashable) is still key_by's, by its name, in the error.
         partials: KeyedStream[tuple[Any, int], Any] = KeyedStream(self.flow, pre, itemgetter(0),
                                                                   key_name=self._key_label())
-        return partials._keyed(SumCounts(), "count_final", name, parallelism, key_label=self._key_label())
+        counted = partials._keyed(SumCounts(), "count_final", name, parallelism, key_label=self._key_label())
+        pre_op.blame = f"key_by({self._key_label()}) of {counted.node!r}"  # (as the shuffle names it)
+        return counted
 
     def reduce(self, fn: Callable[[T, T], T], name: str | None = None, parallelism: int | None = None,
                on_error: str = "fail") -> Stream[tuple[K, T]]:

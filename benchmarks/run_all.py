@@ -5,9 +5,13 @@
     python benchmarks/run_all.py --no-spark # without the Spark benchmark (no Java needed)
 
 Runs, one after another (never side by side: they would share the 2 cores):
-the ABS-vs-stop-the-world suite (suite.py), word count (wordcount_bench.py), loops
-(loop_bench.py), Nexmark q5/q7 against Bytewax (nexmark_bench.py), Spark (spark_bench.py)
-and the pytest-benchmark micro benchmarks.
+the ABS-vs-stop-the-world suite (suite.py), word count (wordcount_bench.py: rows, the
+combiner, parallelism 1 and 2, the vectorized Arrow path), loops (loop_bench.py), Nexmark
+q0-q8 against the plain loop, Bytewax and Flink per core (nexmark_bench.py), event-to-output
+latency (latency_bench.py), session-window checkpoints (session_bench.py), Spark
+(spark_bench.py) and the pytest-benchmark micro benchmarks. Every number on the
+performance page (docs/performance.md) comes from one of them; each result file carries
+the command that made it and its date.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ def main() -> int:
         [py, "benchmarks/wordcount_bench.py"] + (["--words", "2000000", "--rounds", "1"] if q else ["--rounds", "5"]),
         [py, "benchmarks/loop_bench.py"] + (["--numbers", "5000", "--rounds", "1"] if q else []),
         [py, "benchmarks/nexmark_bench.py"] + (["--events", "400000", "--repeat", "1"] if q else []),
+        [py, "benchmarks/latency_bench.py"] + (["--rates", "20000,300000", "--seconds", "3", "--rounds", "1"] if q
+                                                else ["--rates", "20000,100000,300000,600000,1000000", "--seconds",
+                                                      "5", "--rounds", "2"]),
+        [py, "benchmarks/session_bench.py"] + (["--events", "200000", "--rounds", "1"] if q else []),
     ]
     if not args.no_spark:
         steps.append([py, "benchmarks/spark_bench.py"]

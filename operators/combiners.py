@@ -22,7 +22,7 @@ from collections import Counter
 from operator import itemgetter
 from typing import Any
 
-from .base import Operator, Owns
+from .base import Operator, Owns, RecordError
 from .keyed import CountFinal, KeyFn, apply_key_fn
 
 FLUSH_RECORDS = 1 << 18  #: records a PreCount counts before it sends its pairs on
@@ -32,15 +32,21 @@ FLUSH_KEYS = 1 << 15  #: ... or distinct keys it holds
 class PreCount(Operator):
     """``count_final``'s combiner (see the module docstring)."""
 
-    def __init__(self, key_fn: KeyFn = None):
+    def __init__(self, key_fn: KeyFn = None, blame: str | None = None):
         self.key_fn = key_fn
+        #: What a failing key function is blamed on: key_by of the count (its on_error applies)
+        self.blame = blame
         self.counts: Counter[Any] = Counter()
         self.counted = 0
 
     def _keys(self, batch: list[Any]) -> list[Any]:
         if self.key_fn is None:
             return batch
-        return apply_key_fn(self, self.key_fn, batch)[0]  # (key_by's on_error applies)
+        try:
+            return apply_key_fn(self, self.key_fn, batch)[0]
+        except RecordError as e:
+            e.operator = self.blame
+            raise
 
     def process(self, batch: list[Any]) -> list[Any]:
         keys = self._keys(batch)

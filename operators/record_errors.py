@@ -35,6 +35,9 @@ class RecordError(Exception):
         super().__init__(record, function)
         self.record = record
         self.function = function
+        #: The operator the failure is blamed on, when not the one that raised it (a
+        #: combiner computes key_by's keys: ``"key_by(fn) of 'count'"``); None: that one.
+        self.operator: str | None = None
 
     def __str__(self) -> str:
         what = f"the {self.function}" if self.function else "the operator's function"

@@ -52,7 +52,8 @@ def operator_failure(operator: str, error: BaseException, fatal: bool = False) -
     poison record (it may pass on a retry). Anything else fails the task without a record."""
     if isinstance(error, RecordError):
         cause = error.__cause__
-        failure = OperatorFailure(operator, fatal or bool(getattr(cause, "fatal", False)), record=error.record)
+        failure = OperatorFailure(error.operator or operator, fatal or bool(getattr(cause, "fatal", False)),
+                                  record=error.record)
         failure.__cause__ = cause if isinstance(cause, OSError) else error
     else:
         failure = OperatorFailure(operator, fatal)

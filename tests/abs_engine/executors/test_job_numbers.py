@@ -3,26 +3,35 @@ lost, a resumed run credited only with its own work."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from abs_engine import Dataflow
-from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
+from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints, TestingSource
 
 pytestmark = pytest.mark.slow
 
 N = 400_000
 
 
-def flow(sink: CapturingSink, parallelism: int = 2) -> Dataflow:
+def flow(sink: CapturingSink, parallelism: int = 2, gate: Any = None) -> Dataflow:
+    """``gate``: each source subtask holds halfway until the file exists."""
     f = Dataflow("numbers", parallelism=parallelism)
-    f.source(TestingSource(range(N), batch_size=200), name="nums").key_by(lambda x: x % 100).count_final(
+    source: Any = TestingSource(range(N), batch_size=200)
+    if gate is not None:
+        source = GatedSource(source, gate, after=N // parallelism // 2)
+    f.source(source, name="nums").key_by(lambda x: x % 100).count_final(
         name="count").sink(sink, name="sink", parallelism=1)
     return f
 
 
 def test_counts_add_up_over_attempts_and_never_go_back(tmp_path):
     chaos = KillOnCheckpoints([2, 4], seed=3)
-    res = flow(CapturingSink(tmp_path / "o")).run(checkpoint_interval=0.02, chaos=chaos, restart_delay=0)
+    gate = tmp_path / "gate"  # held until both kills fell: they fall while the job runs, at any speed
+    res = flow(CapturingSink(tmp_path / "o"), gate=gate).run(
+        checkpoint_interval=0.02, chaos=chaos, restart_delay=0,
+        stop_when=lambda r: len(chaos.killed) == 2 and gate.touch())
     assert res.kills >= 1 and res.restarts == res.kills
     assert res.workers_lost == res.kills  # each SIGKILLed worker was found dead once
     assert len(res.attempt_source_records) == res.restarts + 1
