@@ -79,9 +79,15 @@ class TimerService:
         bucket[_key_bytes(key)] = key
 
     def delete(self, domain: int, key: Any, timestamp: float) -> None:
-        bucket = self.buckets[domain].get(timestamp)
+        buckets = self.buckets[domain]
+        bucket = buckets.get(timestamp)
         if bucket is not None:
             bucket.pop(_key_bytes(key), None)
+            if not bucket:  # (its heap entry goes when it surfaces; the heap is compacted if they pile up)
+                del buckets[timestamp]
+                times = self.times[domain]
+                if len(times) > 2 * len(buckets) + 1024:
+                    times[:] = sorted(buckets)  # (a sorted list is a heap)
 
     def next_due(self, domain: int) -> float | None:
         times, buckets = self.times[domain], self.buckets[domain]

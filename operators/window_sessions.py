@@ -7,6 +7,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from typing import Any
 
+from .timers import EVENT
 from .window_base import AGGREGATE, PROCESS, REDUCE, WindowBase
 
 
@@ -45,7 +46,6 @@ class SessionMerging(WindowBase):
             self._drop_session(key, wins, w)
         merged = wins[start] = [start, end, self._committed(acc, new, record)]
         self._index_session(key, merged)
-        # The old windows' timers stay: a timer finds what is due when it fires (lazily).
         self._timers_for(key, end, self.watermark + 1)
         if again:
             out.extend(again)
@@ -82,8 +82,16 @@ class SessionMerging(WindowBase):
         purge_at[w[1] - 1 + self.allowed_lateness] = w[0]
 
     def _drop_session(self, key: Any, wins: dict[Any, list[Any]], w: list[Any]) -> None:
+        """Session ``w`` of ``key`` is gone (merged into a new one, or purged): its timers
+        too. Invariant: a key's timers are those of its live sessions (one to fire, one to
+        purge), so timer state stays as small as the sessions; an extended session does not
+        leave a timer behind for each record that extended it. (Its new end's timers are
+        registered after this: a merged session that ends where an old one did keeps them.)"""
         starts, fire_at, purge_at = self.sessions_of[key]
         del wins[w[0]]
         del starts[bisect_left(starts, w[0])]
         fire_at.pop(w[1] - 1, None)
         purge_at.pop(w[1] - 1 + self.allowed_lateness, None)
+        self.timers.delete(EVENT, key, w[1] - 1)
+        if self.allowed_lateness:
+            self.timers.delete(EVENT, key, w[1] - 1 + self.allowed_lateness)

@@ -299,3 +299,17 @@ def test_tuple_keys_survive_a_restore_with_open_windows_and_timers(windows):
     assert plain[0] and isinstance(plain[0][0][0], tuple)
     for at in (5, 20, 33):
         assert drive(factory(), steps, restore_at=at, factory=factory) == plain
+
+
+@pytest.mark.parametrize("lateness", [0, 50])
+def test_an_extended_session_keeps_its_own_timers_not_one_per_record(lateness):
+    """Every click extends the session (a new end): the timers of the ends it had are
+    deleted, so timer state (and every checkpoint) stays the size of the live sessions."""
+    op = make(SessionWindows(100), lateness=lateness)
+    for t in range(0, 50_000, 10):
+        op.process([("k", t), ("j", t + 5)])
+    assert len(op.timers) == 2 * (2 if lateness else 1)  # one to fire (and one to purge) a session
+    assert sum(len(keys) for _, _, keys in op.snapshot(1)["timers"]) == len(op.timers)
+    assert len(op.timers.times[0]) < 3_000  # the heap of deleted timestamps is compacted
+    out = op.on_watermark(10**6)
+    assert sorted(out) == [("j", 5, 50_095, 5_000), ("k", 0, 50_090, 5_000)]
