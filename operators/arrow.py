@@ -61,14 +61,11 @@ def batches_of(result: Any, role: str) -> list[Any]:
                     f"not {type(result).__name__}")
 
 
-class MapBatches(_PerRecord):
-    preload = PYARROW
-    ROLE = "map_batches"
+class _PerBatch(_PerRecord):
+    """An operator on RecordBatch records, a batch at a time (``_one``); a batch its
+    function raises on goes through ``_isolate`` (fail naming it, or skip it)."""
 
-    def _one(self, record: Any, out: list[Any]) -> None:
-        if not is_record_batch(record):
-            raise not_a_batch("map_batches", record)
-        out.extend(batches_of(self.fn(record), self.ROLE))
+    preload = PYARROW
 
     def process(self, batch: list[Any]) -> list[Any]:
         out: list[Any] = []
@@ -81,8 +78,16 @@ class MapBatches(_PerRecord):
         return self._isolate(batch, first)
 
 
-class FilterBatches(_PerRecord):
-    preload = PYARROW
+class MapBatches(_PerBatch):
+    ROLE = "map_batches"
+
+    def _one(self, record: Any, out: list[Any]) -> None:
+        if not is_record_batch(record):
+            raise not_a_batch("map_batches", record)
+        out.extend(batches_of(self.fn(record), self.ROLE))
+
+
+class FilterBatches(_PerBatch):
     ROLE = "filter_batches"
 
     def _one(self, record: Any, out: list[Any]) -> None:
@@ -91,16 +96,6 @@ class FilterBatches(_PerRecord):
         kept = record.filter(self.fn(record))
         if kept.num_rows:
             out.append(kept)
-
-    def process(self, batch: list[Any]) -> list[Any]:
-        out: list[Any] = []
-        try:
-            for b in batch:
-                self._one(b, out)
-            return out
-        except Exception as e:
-            first = e
-        return self._isolate(batch, first)
 
 
 class Rows(_PerRecord):
@@ -182,12 +177,11 @@ class ToBatches(_PerRecord):
         return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
-class PreAggregateBatches(_PerRecord):
+class PreAggregateBatches(_PerBatch):
     """Per input batch: ``(key, accumulator)`` for each distinct key (``by``: one column,
     the key is its value; several, a tuple). The accumulator is the value of the one
     aggregation, or a tuple of them in order. Null keys form a group, as in SQL."""
 
-    preload = PYARROW
     ROLE = "aggregate_batches"
 
     def __init__(self, by: Sequence[str], aggregations: Sequence[tuple[str, str]]):
@@ -221,18 +215,6 @@ class PreAggregateBatches(_PerRecord):
         key_list = keys[0] if n == 1 else list(zip(*keys))
         values = accs[0] if len(accs) == 1 else list(zip(*accs))
         return list(zip(key_list, values))
-
-    def process(self, batch: list[Any]) -> list[Any]:
-        try:
-            if len(batch) == 1:
-                return self._partials(batch[0])
-            out: list[Any] = []
-            for b in batch:
-                out.extend(self._partials(b))
-            return out
-        except Exception as e:
-            first = e
-        return self._isolate(batch, first)
 
 
 def _merge_one(kind: str) -> Callable[[Any, Any], Any]:
