@@ -181,8 +181,6 @@ class CheckpointCoordinator:
             if now - p.started > self.timeout:
                 self._abort(cid)
                 self.expired.append((cid, tuple(sorted(p.missing))))
-                if cid == self.savepoint_id:  # the savepoint failed: take the next one instead
-                    self.savepoint_id, self.savepoint_requested, self.next_trigger_at = None, True, now
                 if cid == self.stw_checkpoint:
                     out += self._end_stop_the_world(cid)  # never leave the sources paused
         if self.aligned_timeout is not None:
@@ -285,10 +283,14 @@ class CheckpointCoordinator:
         return aborted
 
     def _abort(self, cid: int) -> None:
-        """Pending checkpoint ``cid`` will never complete: dropped, counted as aborted."""
+        """Pending checkpoint ``cid`` will never complete: dropped, counted as aborted. If it
+        was the savepoint, the next checkpoint is (now): a savepoint asked for is taken,
+        whatever aborted the first try (a timeout, a region restart)."""
         self.pending.pop(cid).discard()
         self.stats.aborted.append(cid)
         self.stats.trim(self.stats.aborted)
+        if cid == self.savepoint_id:
+            self.savepoint_id, self.savepoint_requested, self.next_trigger_at = None, True, self.clock()
 
     def on_counts(self, msg: messages.Counts) -> list[tuple[str, messages.Message]]:
         """One task's answer to a counting wave (stop-the-world)."""

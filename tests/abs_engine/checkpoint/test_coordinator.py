@@ -528,3 +528,17 @@ def test_the_aligned_timeout_turns_a_pending_checkpoint_unaligned_at_the_tasks_t
     for t in TASKS[1:]:
         c.on_ack(ack(storage, 1, t))
     assert c.mode_of(1) == "aligned" and not c.pending
+
+
+@pytest.mark.parametrize("stop", [True, False])
+def test_a_savepoint_aborted_by_a_region_restart_is_taken_again(storage, clock, stop):
+    """A region restart aborts every pending checkpoint, the savepoint among them: the next
+    checkpoint is the savepoint (stopping with a savepoint would otherwise wait forever for
+    one that can never complete)."""
+    c = make(storage, clock, interval=10.0)
+    c.request_savepoint(stop=stop)
+    assert triggers(c.poll()) == [(t, 1) for t in SOURCES] and c.savepoint_id == 1
+    assert c.restart_tasks(frozenset({"count#0"})) == [1]
+    assert triggers(c.poll()) == [(t, 2) for t in SOURCES] and c.savepoint_id == 2
+    ack_all(c, storage, 2)
+    assert c.mode_of(2) == "savepoint"
