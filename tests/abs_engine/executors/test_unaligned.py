@@ -65,7 +65,9 @@ def assert_pipeline_cuts_consistent(ck: str, n: int) -> None:
             state, logs = storage.read_state(cid, t, meta), storage.read_logs(cid, t, meta)
             in_flight = sum(len(v) for v in logs.values())
             if t.startswith("source#"):
-                left += sum(len(range(a, n, step)) for a, step in state["source"])
+                offsets = state["source"]
+                offsets = offsets["inner"] if isinstance(offsets, dict) else offsets  # (a GatedSource's)
+                left += sum(len(range(a, n, step)) for a, step in offsets)
             elif t.startswith("count1#"):
                 counted1, into1 = counted1 + sum(state["count1"].values()), into1 + in_flight
             elif t.startswith("count2#"):
@@ -152,16 +154,20 @@ def test_a_checkpoint_with_channel_state_rescales_exactly(tmp_path, before, afte
     another parallelism under SIGKILLs: every record emitted once. Records in flight into
     the keyed counts were routed by key group to the subtask that now owns their count; at
     parallelism 1 the sink is fused behind count2 and replays its own channel state there."""
-    n, ck = 300_000, str(tmp_path / "ck")
+    n, ck, gate = 300_000, str(tmp_path / "ck"), tmp_path / "gate"
+    hold = n // (2 * before)  # half the input, then held: the first run cannot finish, it is stopped
     sink = CapturingSink(tmp_path / "out")
-    pipeline(n, sink, before).run(mode="unaligned", checkpoint_interval=0.02, checkpoint_dir=ck,
-                                  retained_checkpoints=10_000, stop_when=stop_with_channel_state)
-    # Cancelled, or finished first on a fast run: either way every checkpoint is kept, and the
-    # newest one with channel state becomes the one to resume from (its output rolled back to it).
+    pipeline(n, sink, before, gate, hold).run(mode="unaligned", checkpoint_interval=0.02, checkpoint_dir=ck,
+                                              retained_checkpoints=10_000, stop_when=stop_with_channel_state)
+    # Cancelled after a checkpoint with channel state (one taken before no subtask had
+    # finished: a rescale could not rebuild a finished one's output); every checkpoint is
+    # kept, and that newest one becomes the one to resume from (its output rolled back to it).
     newest = newest_with_channel_state(ck)
+    gate.touch()
     chaos = KillOnCheckpoints([1, 2], seed=before * 10 + after)
-    res = pipeline(n, sink, after).run(mode="unaligned", checkpoint_interval=0.05, checkpoint_dir=ck, resume=True,
-                                       chaos=chaos, restart_delay=0, retained_checkpoints=10_000)
+    res = pipeline(n, sink, after, gate, hold).run(mode="unaligned", checkpoint_interval=0.05, checkpoint_dir=ck,
+                                                   resume=True, chaos=chaos, restart_delay=0,
+                                                   retained_checkpoints=10_000)
     assert res.restored_from[0] == newest
     assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
     assert_pipeline_cuts_consistent(ck, n)  # before and after the rescale
