@@ -23,14 +23,15 @@ import msgpack
 ARROW_BATCH = 1  #: the msgpack extension type of an Arrow record batch
 
 
-def _is_record_batch(obj: Any) -> bool:
+def is_record_batch(obj: Any) -> bool:
+    """Whether ``obj`` is a ``pyarrow.RecordBatch`` (without importing pyarrow)."""
     t = type(obj)
     return t.__name__ == "RecordBatch" and t.__module__.startswith("pyarrow")
 
 
 def encode(obj: Any) -> msgpack.ExtType:
     """msgpack's ``default`` hook: a RecordBatch as an extension, else TypeError."""
-    if not _is_record_batch(obj):
+    if not is_record_batch(obj):
         raise TypeError(f"can not serialize {type(obj).__name__!r} object")
     import pyarrow as pa
 

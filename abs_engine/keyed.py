@@ -53,6 +53,17 @@ class KeyedStream(Stream[T], Generic[T, K]):
             op.key_on_error = self.key_on_error
         return Stream(self.flow, self._then(op, base, label, name, parallelism, key_fn=edge_key, keyed=True))
 
+    def _before_shuffle(self, pre_op: Operator, base: str, name: str | None,
+                        key_name: str | None = None) -> "KeyedStream[tuple[Any, Any], Any]":
+        """A combiner ``pre_op`` chained after this stream's operator (``<name>_pre``, at its
+        parallelism), computing this stream's keys with key_by's on_error; the stream of its
+        ``(key, partial)`` pairs, keyed by the pair's key."""
+        pre_op.key_on_error = self.key_on_error  # the key is computed here, before the shuffle
+        pre = Stream(self.flow, self.node, Partition.FORWARD)._then(
+            pre_op, base, f"{base}(key={self._key_label()})", None if name is None else f"{name}_pre",
+            self.flow.graph.nodes[self.node].parallelism)
+        return KeyedStream(self.flow, pre, itemgetter(0), key_name=key_name)
+
     def count(self, name: str | None = None, parallelism: int | None = None) -> Stream[tuple[K, int]]:
         """Running count per key: ``(key, count so far)`` for every record."""
         return self._keyed(Count(self.key_fn), "count", name, parallelism)
@@ -64,15 +75,9 @@ class KeyedStream(Stream[T], Generic[T, K]):
         as Spark's ``reduceByKey`` does: only ``(key, n)`` pairs cross to the keyed task,
         which adds them up. It is named ``<name>_pre`` (``pre_count`` without a name) and
         ``flow.explain()`` shows it in the upstream task's chain."""
-        upstream = self.flow.graph.nodes[self.node]
         pre_op = PreCount(self.key_fn)
-        pre_op.key_on_error = self.key_on_error  # the key is computed here, before the shuffle
-        pre = Stream(self.flow, self.node, Partition.FORWARD)._then(
-            pre_op, "pre_count", f"pre_count(key={self._key_label()})",
-            None if name is None else f"{name}_pre", upstream.parallelism)
         # A key that cannot cross (unhashable) is still key_by's, by its name, in the error.
-        partials: KeyedStream[tuple[Any, int], Any] = KeyedStream(self.flow, pre, itemgetter(0),
-                                                                  key_name=self._key_label())
+        partials = self._before_shuffle(pre_op, "pre_count", name, key_name=self._key_label())
         counted = partials._keyed(SumCounts(), "count_final", name, parallelism, key_label=self._key_label())
         pre_op.blame = f"key_by({self._key_label()}) of {counted.node!r}"  # (as the shuffle names it)
         return counted
@@ -142,14 +147,8 @@ class KeyedStream(Stream[T], Generic[T, K]):
         if merge is None:
             return self._keyed(AggregateFinal(create, add, result, self.key_fn, _on_error(on_error)),
                                "aggregate_final", name, parallelism)
-        upstream = self.flow.graph.nodes[self.node]
-        pre_op = PreAggregate(create, add, self.key_fn, _on_error(on_error))
-        pre_op.key_on_error = self.key_on_error  # the key is computed here, before the shuffle
-        pre = Stream(self.flow, self.node, Partition.FORWARD)._then(
-            pre_op, "pre_aggregate",
-            f"pre_aggregate(key={self._key_label()})",
-            None if name is None else f"{name}_pre", upstream.parallelism)
-        partials: KeyedStream[tuple[Any, A], Any] = KeyedStream(self.flow, pre, itemgetter(0))
+        partials = self._before_shuffle(PreAggregate(create, add, self.key_fn, _on_error(on_error)),
+                                        "pre_aggregate", name)
         return partials._keyed(MergeFinal(merge, result, _on_error(on_error)), "aggregate_final", name,
                                parallelism, key_label=f"{self._key_label()}, merge={_fn_label(merge)}")
 

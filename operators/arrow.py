@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from abs_engine.arrow_ipc import is_record_batch
+
 from .basic import _PerRecord
 from .keyed import _Keyed
 
@@ -35,11 +37,6 @@ PYARROW = ("pyarrow", "pyarrow.compute")
 
 #: The aggregation functions a keyed batch aggregation takes, and how partials merge.
 AGGREGATIONS = ("count", "sum", "min", "max")
-
-
-def is_record_batch(obj: Any) -> bool:
-    t = type(obj)
-    return t.__name__ == "RecordBatch" and t.__module__.startswith("pyarrow")
 
 
 def not_a_batch(role: str, record: Any) -> TypeError:
