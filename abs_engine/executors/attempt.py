@@ -313,21 +313,41 @@ class ProcessAttempt:
                                               "local, were dumped to stderr)")
 
     def _check_alive(self, workers: dict[str, Worker] | None = None) -> None:
-        failures = []
+        silent: list[WorkerFailure] = []
+        lost_peer: list[tuple[WorkerFailure, messages.Failed]] = []
         for w in (workers or self.workers).values():
             code = w.proc.poll()
             # Status 0 is judged on the control connection: EOF before Committed is a failure.
             # A worker that already committed the final checkpoint has done all its work.
-            if code is not None and code != 0 and w.task not in self.committed:
-                failures.append(self._failure_of(w, code))
-        if failures:
-            # The one that said what went wrong (a user exception, its record's digest for the
-            # poison-record rule) over those that only died with it (collateral: a lost peer).
-            raise next((f for f in failures if f.cause is not None), failures[0])
+            if code is None or code == 0 or w.task in self.committed:
+                continue
+            words = self._last_words(w)
+            if words is not None and not words.collateral:
+                raise WorkerFailure.of(words)  # it said what went wrong (the poison-record rule needs it)
+            failure = WorkerFailure(w.task, None, f"worker process {w.proc.pid or '?'} {w.proc.describe_exit(code)}")
+            if words is None:
+                silent.append(failure)
+            else:
+                lost_peer.append((failure, words))
+        if silent:
+            raise silent[0]
+        if lost_peer:
+            # Each of these died only because a peer went away: that peer's death is the failure,
+            # though its exit may not be seen yet (a SIGKILLed consumer, its sender noticing first).
+            failure, words = lost_peer[0]
+            self.root_cause(exclude=failure.task, suspect=words.peer)
+            raise failure
 
     def _failure_of(self, w: Worker, code: int) -> WorkerFailure:
         """Why a dead worker died: its own Failed message (operator, user traceback, fatal)
         if it sent one before exiting, else its exit status."""
+        words = self._last_words(w)
+        if words is not None and not words.collateral:
+            return WorkerFailure.of(words)
+        return WorkerFailure(w.task, None, f"worker process {w.proc.pid or '?'} {w.proc.describe_exit(code)}")
+
+    def _last_words(self, w: Worker) -> messages.Failed | None:
+        """The Failed message a dead worker sent about itself, if it is still unread."""
         if w.wire is not None:
             try:
                 while (data := w.wire.recv(1 << 20, socket.MSG_DONTWAIT)) != b"":
@@ -335,14 +355,14 @@ class ProcessAttempt:
                         w.reader.feed(data)
             except OSError:
                 pass
-            try:
-                while (frame := w.reader.next_frame()) is not None:
-                    m = messages.decode(frame[1])
-                    if isinstance(m, messages.Failed) and m.task == w.task and not m.collateral:
-                        return WorkerFailure.of(m)
-            except ProtocolError:
-                pass  # its last words are garbled: fall back to the exit status
-        return WorkerFailure(w.task, None, f"worker process {w.proc.pid or '?'} {w.proc.describe_exit(code)}")
+        try:
+            while (frame := w.reader.next_frame()) is not None:
+                m = messages.decode(frame[1])
+                if isinstance(m, messages.Failed) and m.task == w.task:
+                    return m
+        except ProtocolError:
+            pass  # its last words are garbled: fall back to the exit status
+        return None
 
     def root_cause(self, exclude: str, suspect: str | None) -> None:
         """Its own Failed message (a user exception) wins over a bare exit status."""

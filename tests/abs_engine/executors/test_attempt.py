@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from abs_engine import messages
+from abs_engine.messages import FailureCause
 from abs_engine.executors.attempt import ProcessAttempt, Silence, Worker
 from abs_engine.executors.failures import WorkerFailure
 
@@ -78,3 +80,48 @@ def test_a_worker_whose_frames_wait_unread_is_not_silent():
         b.sendall(b"a heartbeat's frame")
         attempt.check(now, Silence(6.0, "heartbeat_timeout"))
         assert w.last_heard == now
+
+
+class Exited(Quiet):
+    """A worker process that has exited with ``code``, seen only from the ``after``-th look on
+    (a SIGKILLed one whose exit the launcher has not reaped yet)."""
+
+    def __init__(self, code: int, after: int = 0, pid: int = 4000):
+        self.code, self.after, self.pid = code, after, pid  # type: ignore[misc]
+
+    def poll(self) -> int | None:
+        if self.after > 0:
+            self.after -= 1
+            return None
+        return self.code
+
+    def describe_exit(self, code: int) -> str:
+        return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+
+
+def lost_a_peer(task: str, proc: Exited) -> Worker:
+    """A worker whose last words say it failed only because a consumer went away."""
+    w = Worker(task, proc)  # type: ignore[arg-type]
+    w.reader.feed(messages.encode(messages.Failed(task, FailureCause.DOWNSTREAM_LOST, None,
+                                                  "connection to count#0 reset", False)))
+    return w
+
+
+def test_a_worker_that_died_of_a_lost_consumer_is_not_blamed_for_the_consumer_killed_first():
+    """The dashboard test's SIGKILL of count#0 was once reported as the failure of read#0,
+    whose send to it broke and whose exit the driver saw first: the driver waits (bounded)
+    for the death that caused it and reports that one."""
+    sender = lost_a_peer("read#0", Exited(1, pid=4001))
+    killed = Worker("count#0", Exited(-9, after=3, pid=4002))  # type: ignore[arg-type]
+    attempt = attempt_with(sender, killed, Worker("count#1", Quiet()))  # type: ignore[arg-type]
+    with pytest.raises(WorkerFailure) as info:
+        attempt.check(time.monotonic(), Silence(0.0, ""))
+    assert info.value.task == "count#0" and "worker process 4002 killed by signal 9" in str(info.value)
+
+
+def test_a_death_without_last_words_wins_over_one_that_lost_a_peer():
+    sender = lost_a_peer("read#0", Exited(1, pid=4001))
+    killed = Worker("count#0", Exited(-9, pid=4002))  # type: ignore[arg-type]
+    with pytest.raises(WorkerFailure) as info:
+        attempt_with(sender, killed).check(time.monotonic(), Silence(0.0, ""))
+    assert info.value.task == "count#0"
