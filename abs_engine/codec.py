@@ -38,6 +38,7 @@ class FrameKind:
     CONTROL = 3  #: payload: msgpack control message (see messages.py)
     HELLO = 4  #: payload: msgpack channel id, first frame on a data connection
     WATERMARK = 5  #: payload: msgpack number (event time; the input is active), or nil: idle
+    LATENCY = 6  #: payload: msgpack number, the wall time a source sent this latency marker
 
 
 def pack(obj: Any) -> bytes:
@@ -115,6 +116,18 @@ def parse_barrier(payload: bytes) -> tuple[int, bool]:
 def watermark_frame(watermark: float | None) -> bytes:
     """A watermark frame: ``watermark`` (the sender is active), or None: the sender is idle."""
     return frame(FrameKind.WATERMARK, pack(watermark))
+
+
+def latency_frame(created: float) -> bytes:
+    """A latency marker (runtime/latency.py): the wall time a source sent it."""
+    return frame(FrameKind.LATENCY, pack(created))
+
+
+def parse_latency(payload: bytes) -> float:
+    v = unpack(payload)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    raise ProtocolError(ProtocolErrorReason.MALFORMED, f"a latency marker carries {v!r}, not a time")
 
 
 def parse_watermark(payload: bytes) -> float | None:

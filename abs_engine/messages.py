@@ -55,6 +55,8 @@ class Deploy(Message):
     loop_memory: int | None = None
     loop_disk: int | None = None  #: bytes of back-edge input a task may spill before LoopOverflow (None: no bound)
     loop_spill_dir: str = ""  #: where back-edge input spills ("": the system's temporary directory)
+    #: Seconds between the latency markers a source sends (runtime/latency.py; 0: none).
+    latency_interval: float = 0.0
     #: How long the driver lets this worker be silent, when it may run on another machine:
     #: its control connection gives up after half of it without the driver acknowledging
     #: anything, and the worker exits (0: never; a worker on the driver's machine).
@@ -216,6 +218,16 @@ class Progress(Message):
 
 
 @dataclass(frozen=True)
+class Latency(Message):
+    """A latency marker reached this terminal task (runtime/latency.py): milliseconds since
+    a source sent it, on the workers' clocks."""
+
+    TAG: ClassVar[str] = "latency"
+    task: str
+    ms: float
+
+
+@dataclass(frozen=True)
 class Counts(Message):
     """Records sent on each output channel and processed from each input channel so far."""
 
@@ -283,7 +295,8 @@ class Skipped(Message):
 _REGISTRY: dict[str, type[Message]] = {
     cls.TAG: cls
     for cls in (Deploy, Trigger, NotifyComplete, Shutdown, Hello, Running, Ack, Finished, Progress, Committed,
-                Failed, InputsEnded, EndLoop, Pause, Resume, CountRequest, Snapshot, Counts, Heartbeat, Skipped)
+                Failed, InputsEnded, EndLoop, Pause, Resume, CountRequest, Snapshot, Counts, Heartbeat, Skipped,
+                Latency)
 }
 
 

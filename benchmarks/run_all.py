@@ -41,6 +41,8 @@ def main() -> int:
         [py, "benchmarks/latency_bench.py"] + (["--rates", "20000,300000", "--seconds", "3", "--rounds", "1"] if q
                                                 else ["--rates", "20000,100000,300000,600000,1000000", "--seconds",
                                                       "5", "--rounds", "2"]),
+        [py, "benchmarks/latency_bench.py", "--half-max"] + (["--seconds", "2", "--rounds", "1"] if q
+                                                             else ["--seconds", "5", "--rounds", "2"]),
         [py, "benchmarks/session_bench.py"] + (["--events", "200000", "--rounds", "1"] if q else []),
     ]
     if not args.no_spark:

@@ -144,6 +144,7 @@ class AttemptDriver:
         if time.monotonic() >= self.next_progress:
             self.next_progress = time.monotonic() + 1.0
             self.tracker.set_source_records(self.sources.count())
+            self.result.latency = self.tracker.latency_summary()
             if cfg.progress:
                 self._print_progress()
         self.tracker.tick(time.monotonic())
@@ -236,6 +237,8 @@ class AttemptDriver:
         elif isinstance(msg, messages.Heartbeat):
             if msg.records_in is not None and msg.records_out is not None:  # (last_heard: every frame)
                 self.tracker.task_metrics(msg.task, msg.records_in, msg.records_out, msg.send_s, time.monotonic())
+        elif isinstance(msg, messages.Latency):
+            self.tracker.latency_reported(msg.ms)
         elif isinstance(msg, messages.Skipped):
             self.result.skipped_records += 1
             if self.result.skipped_records <= 100:

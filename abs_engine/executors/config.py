@@ -206,6 +206,13 @@ class JobConfig:
         bytes of back-edge input a task may spill (default 4 GiB; None: no bound); a loop
         that needs more fails the job with a LoopOverflow error naming the loop and the
         sizes (a loop that makes records faster than it consumes them).
+    ``latency_interval``
+        seconds between the latency markers each source subtask sends (default 0.2; 0:
+        none). A marker travels behind the records the source emitted before it, through
+        every queue and operator, to one sink subtask, which reports its age: the job's
+        source-to-sink latency (p50, p99, max) in ``JobResult.latency``, on the dashboard and
+        in ``/metrics`` (runtime/latency.py; Flink's latency markers). It measures the
+        dataflow, not how long a record waited outside before the source read it.
     ``loop_spill_dir``
         where back-edge input spills (default: the system's temporary directory; the file
         is unlinked at once and private to the worker).
@@ -247,6 +254,7 @@ class JobConfig:
     loop_memory: int | None = DEFAULT_LOOP_MEMORY
     loop_disk: int | None = DEFAULT_LOOP_DISK
     loop_spill_dir: str | None = None
+    latency_interval: float = 0.2
     supervise: bool = False
     driver_restarts: int = 3
     failover: str = "pipeline"
@@ -300,6 +308,7 @@ def _check_config(c: "JobConfig") -> None:
     _seconds("heartbeat_interval", c.heartbeat_interval)
     _seconds("heartbeat_timeout", c.heartbeat_timeout, zero=True, none=True, extra=" (0 disables it)")
     _seconds("task_timeout", c.task_timeout, zero=True, extra=" (0 disables it)")
+    _seconds("latency_interval", c.latency_interval, zero=True, extra=" (0: no latency markers)")
     _count("restart_attempts", c.restart_attempts, 0)
     _count("driver_restarts", c.driver_restarts, 0)
     if c.supervise not in (True, False):

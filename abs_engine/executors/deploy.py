@@ -41,6 +41,7 @@ def deployer(plan: Plan, code: bytes, cfg: JobConfig, *, meta: Metadata | None, 
             aligned_timeout=cfg.aligned_timeout, unaligned=cfg.mode == "unaligned",
             channel_state_memory=cfg.channel_state_memory, channel_buffer=cfg.channel_buffer or 0,
             loop_memory=cfg.loop_memory, loop_disk=cfg.loop_disk,
-            loop_spill_dir=cfg.loop_spill_dir or "", heartbeat_timeout=give_up)
+            loop_spill_dir=cfg.loop_spill_dir or "", heartbeat_timeout=give_up,
+            latency_interval=cfg.latency_interval)
 
     return deploy

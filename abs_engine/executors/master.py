@@ -192,6 +192,7 @@ class JobMaster:
         """The job is over: pending checkpoints aborted, the statistics stored a last time."""
         self.tracker.abort_pending(f"the job ended ({state.value.lower()})")
         self.tracker.set_source_records(self.sources.count())
+        self.result.latency = self.tracker.latency_summary()
         if self.stats_writer is not None:
             self.stats_writer.write(self.tracker, force=True)
             self.stats_writer.close()

@@ -25,6 +25,7 @@ def combine(job: JobResult, parts: list[JobResult], savepoints: str) -> None:
     job.source_records = sum(p.source_records for p in parts)
     job.attempt_source_records = [n for p in parts for n in p.attempt_source_records]
     job.skipped_records = sum(p.skipped_records for p in parts)
+    job.latency = max((p.latency for p in parts if p.latency is not None), key=lambda s: s.p99_ms, default=None)
     job.job_id = parts[0].job_id if parts else ""
     job.failures = [f"pipeline {p.pipeline!r}: {f}" for p in parts for f in p.failures]
     job.restored_from = [c for p in parts for c in p.restored_from]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..monitor.latency import LatencySummary
 from ..monitor.model import CheckpointHistory, CheckpointStat, CheckpointStatus, RecoveryEvent
 
 
@@ -31,6 +32,10 @@ class JobResult:
     source_records: int = 0
     attempt_source_records: list[int] = field(default_factory=list)  #: the same, per attempt
     skipped_records: int = 0  #: dropped by operators with on_error="skip"
+    #: Source-to-sink latency over the run, from the latency markers (JobConfig's
+    #: ``latency_interval``; None: no marker reached a sink). Updated about once a second
+    #: while the job runs. A job of several pipelines: the pipeline's with the highest p99.
+    latency: LatencySummary | None = None
     job_id: str = ""  #: the job's identity in its checkpoints (kept across resumes)
     failures: list[str] = field(default_factory=list)  #: why each failed attempt failed
     #: The checkpoint each attempt, or region restarted alone, restored (none: started empty).

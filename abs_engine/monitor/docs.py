@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import networkx as nx
 
 from ..plan import Plan
+from .latency import RECENT_S, LatencySummary
 from .model import KEEP_CHECKPOINT_STATS, CheckpointStat, CheckpointStatus, RecoveryEvent, SubtaskStat
 
 if TYPE_CHECKING:
@@ -69,7 +70,14 @@ def job(tr: "JobTracker") -> dict[str, Any]:
                    "backpressure": _num(t.backpressure)} for k, t in tr.tasks.items()],
         "throughput": None,  # the caller fills it in: throughput()
         "recoveries": [recovery(r) for r in tr.recoveries],
+        "latency": latency(tr.latency.last(now), tr.latency.run()),
     }
+
+
+def latency(recent: LatencySummary | None, run: LatencySummary | None) -> dict[str, Any]:
+    """Source-to-sink latency (monitor/latency.py): over the last RECENT_S seconds and the run."""
+    return {"recent": None if recent is None else recent.to_dict(), "run": None if run is None else run.to_dict(),
+            "recent_seconds": RECENT_S}
 
 
 def throughput(samples: list[tuple[float, dict[str, tuple[float, float, float]]]],

@@ -50,7 +50,17 @@ class _TrackerCollector(Collector):
             restarts, records, pending = tr.restarts, tr.source_records, len(tr.pending)
             last = tr.history.completed[-1] if tr.history.completed else None
             up = (tr.end_time or tr.clock()) - tr.start_time
+            recent = tr.latency.last(tr.clock())
+            markers = tr.latency.count
         yield from (rin, rout, send, bp)
+        if recent is not None:
+            lat = GaugeMetricFamily("abs_engine_latency_seconds", "Source-to-sink latency (the age of latency "
+                                    "markers at the sinks) over the last 30 s: quantile 0.5, 0.99 and 1 (the maximum)",
+                                    labels=["job", "quantile"])
+            for quantile, ms in (("0.5", recent.p50_ms), ("0.99", recent.p99_ms), ("1", recent.max_ms)):
+                lat.add_metric([job, quantile], ms / 1000)
+            yield lat
+        yield _counter("abs_engine_latency_markers", "Latency markers that reached a sink", job, markers)
         done = CounterMetricFamily("abs_engine_checkpoints", "Checkpoints that ended, by status",
                                    labels=["job", "status"])
         for status in (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED, CheckpointStatus.ABORTED):

@@ -7,7 +7,7 @@ documents of it (``job_doc``, ``checkpoints_doc``, ``checkpoint_doc``). Invarian
   never sees half an event;
 - memory is bounded whatever the job's length: KEEP_CHECKPOINT_STATS ended checkpoints
   (subtask details for the KEEP_SUBTASK_DETAILS newest), as many recoveries, SAMPLES
-  throughput samples;
+  throughput samples, and LatencyStats' bound on latency ages;
 - counters only grow within a run: a restarted task's counts are added to what its earlier
   attempts reported (Prometheus counters must be monotonic).
 """
@@ -27,6 +27,7 @@ from ..checkpoint.metadata import Metadata
 from ..lifecycle import ENDED, Phase
 from ..plan import Plan
 from . import docs
+from .latency import LatencyStats, LatencySummary
 from .model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointHistory, CheckpointStat,
                     CheckpointStatus, RecoveryEvent, SubtaskStat)
 
@@ -99,6 +100,7 @@ class JobTracker:
         self.samples: collections.deque[tuple[float, dict[str, tuple[float, float, float]]]] = \
             collections.deque(maxlen=SAMPLES)
         self.next_sample = 0.0
+        self.latency = LatencyStats()  #: the ages of the latency markers the sinks reported
         self.version = 0  #: grows with every change (the stored file is rewritten only then)
         #: Called (under no lock) with each checkpoint that ends: the Prometheus metrics.
         self.listeners: list[Callable[[CheckpointStat], None]] = []
@@ -151,6 +153,16 @@ class JobTracker:
                 t.backpressure = min(1.0, max(0.0, send_s - t.last[3]) / dt)
             t.last = (now, records_in, records_out, send_s)
             self._set_counts(t, records_in, records_out, send_s)
+
+    def latency_reported(self, age_ms: float) -> None:
+        """A sink's report of a latency marker's age (runtime/latency.py)."""
+        with self.lock:
+            self.latency.add(age_ms, self.clock())
+
+    def latency_summary(self) -> LatencySummary | None:
+        """Over the whole run so far (JobResult.latency)."""
+        with self.lock:
+            return self.latency.run()
 
     def task_finished(self, task: str, records_in: int, records_out: int) -> None:
         with self.lock:

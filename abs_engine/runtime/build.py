@@ -59,7 +59,7 @@ def options_of(deploy: messages.Deploy, generation: int) -> TaskOptions:
         aligned_timeout=deploy.aligned_timeout, unaligned=deploy.unaligned,
         channel_state_memory=deploy.channel_state_memory, loop_memory=deploy.loop_memory,
         loop_disk=deploy.loop_disk, loop_spill_dir=deploy.loop_spill_dir or None,
-        file_tag=file_tag(deploy.fence, generation))
+        file_tag=file_tag(deploy.fence, generation), latency_interval=deploy.latency_interval)
 
 
 def prepare(deploy: messages.Deploy, task_id: str, generation: int, activity: Activity,

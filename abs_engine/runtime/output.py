@@ -87,6 +87,7 @@ class Output(Guarded):
         self.skipped: list[tuple[Any, BaseException]] = []
         self.side = spec.side
         self.rr = 0
+        self.markers = 0  #: latency markers sent (they go round the channels)
         self.max_parallelism = max_parallelism
         #: key group -> channel (the consumer subtask that owns the group)
         self.owner = keygroups.owners(max_parallelism, len(channels)) if len(channels) > 1 else [0]
@@ -199,6 +200,11 @@ class Output(Guarded):
             ch = chans[self.rr % n]
             self._send(ch, batch)
             self.rr += 1
+
+    def send_marker(self, data: bytes) -> None:
+        """A latency marker on one of the edge's channels, each in turn (runtime/latency.py)."""
+        self.channels[self.markers % len(self.channels)].send(data)
+        self.markers += 1
 
     def broadcast(self, data: bytes) -> None:
         for ch in self.channels:

@@ -157,7 +157,7 @@ class Snapshots:
                     return
                 for s in log.on_barrier(ch.id, cid).completed:
                     self.write(s)
-            elif kind == codec.FrameKind.WATERMARK:
+            elif kind in (codec.FrameKind.WATERMARK, codec.FrameKind.LATENCY):
                 continue  # handled in order when processed; not channel state (docs/event-time.md)
             else:  # END (or anything else): nothing can be read past it
                 ch.ahead_stopped = True

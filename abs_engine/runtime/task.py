@@ -41,6 +41,7 @@ from .emitter import Emitter
 from .output import Output
 from .overflow import LoopBudget
 from .event_time import EventTime
+from .latency import LatencyMarkers
 from .snapshots import Snapshots
 from .task_options import TaskOptions
 from .writer import Writer
@@ -124,6 +125,9 @@ class Task:
         self.time = EventTime(chain, (c.id for c in inputs.values() if not c.back_edge), clock,
                               lambda batch, i: self._emit(self._process(batch, i)), self._broadcast,
                               self.emitter.after_user_code)
+        #: Latency markers: sent (a source task), passed on, or reported (runtime/latency.py).
+        self.latency = LatencyMarkers(spec.id, self.emitter, control, clock, options.latency_interval)
+        self.marking = self.source is not None and options.latency_interval > 0
         #: Some operator has processing-time timers: the hot path asks about them only then.
         self.timed = bool(self.time.timed_ops)
         if self.timed:
@@ -184,6 +188,8 @@ class Task:
             self.time.source_status(bool(batch))
         if self.timed:
             self.time.fire_timers()
+        if self.marking:
+            self.latency.tick()
 
     def may_take(self, ch: InputChannel) -> bool:
         """``ch``'s next frame may be processed now: it is not blocked by an alignment, nor
@@ -351,6 +357,9 @@ class Task:
         elif kind == codec.FrameKind.WATERMARK:
             if not ch.back_edge:
                 self.time.on_input(ch.id, payload)
+        elif kind == codec.FrameKind.LATENCY:
+            if not ch.back_edge:
+                self.latency.on_marker(codec.parse_latency(payload))
         elif kind == codec.FrameKind.END:
             ch.ended = True
             self._park(ch)

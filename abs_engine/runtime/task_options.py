@@ -24,3 +24,5 @@ class TaskOptions:
     #: State files are named <task>.<tag>.state: a stale attempt's writer can never create
     #: or clobber a file this attempt's metadata references.
     file_tag: str = ""
+    #: Seconds between the latency markers a source task sends (runtime/latency.py; 0: none).
+    latency_interval: float = 0.0

@@ -155,7 +155,9 @@ class Sim:
                        for port, o in enumerate(spec.outputs)]
             inputs = {c.id: InputChannel(c.id, links[c.id][1], codec.FrameReader(), c.back_edge) for c in spec.inputs}
             control, self.driver_ends[t] = memory_control()
-            options = TaskOptions(unaligned=self.mode == "unaligned", aligned_timeout=self.aligned_timeout)
+            # Latency markers interleave with records and barriers as in a real job (runtime/latency.py).
+            options = TaskOptions(unaligned=self.mode == "unaligned", aligned_timeout=self.aligned_timeout,
+                                  latency_interval=self.interval / 4)
             self.tasks[t] = Task(spec, chain, outputs, inputs, control,
                                  InlineWriter(control, t, self.put(t), self.clock.perf_counter), options,
                                  replay=replay, restored_finished=finished, clock=self.clock)
@@ -195,6 +197,8 @@ class Sim:
             self.send(routed.out)
         elif isinstance(msg, messages.Committed):
             self.committed.add(t)
+        elif isinstance(msg, messages.Latency):
+            self.stats["markers"] += 1
 
     # ---- the scheduler ----
     def can_deliver(self, task: Task, ch: InputChannel) -> bool:

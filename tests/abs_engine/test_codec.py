@@ -281,6 +281,7 @@ MESSAGE_STRATEGIES: dict[type[messages.Message], st.SearchStrategy[Any]] = {
                                record=text, digest=text, peer=st.none() | text),
     messages.Heartbeat: st.builds(messages.Heartbeat, task=text),
     messages.Skipped: st.builds(messages.Skipped, task=text, operator=text, record=text, error=text),
+    messages.Latency: st.builds(messages.Latency, task=text, ms=st.floats(0, 1e9)),
 }
 
 

@@ -321,6 +321,11 @@
     setText("restart-count", isNum(job.restarts) ? fmtInt(job.restarts) : DASH);
     setText("job-attempt", isNum(job.attempt) ? fmtInt(job.attempt) : DASH);
     setText("source-records", fmtInt(job.source_records));
+    // While it runs: the last half minute's markers; once it has ended: the whole run's.
+    var lat = obj(job.latency), ended = isNum(job["end-time"]) && job["end-time"] > 0;
+    var shown = ended ? lat.run : (lat.recent || null);
+    setText("latency", shown && isNum(shown.p50_ms) ? fmtMs(shown.p50_ms) + " / " + fmtMs(shown.p99_ms) : DASH);
+    setText("latency-label", ended ? "latency p50 / p99 (run)" : "latency p50 / p99");
     document.title = (job.name ? String(job.name) + " \u00b7 " : "") + (job.state ? String(job.state) + " \u00b7 " : "") +
       "abs-engine";
     renderConn();

@@ -150,6 +150,13 @@ def test_api_and_metrics_agree_with_the_job(tmp_path) -> None:  # type: ignore[n
     read = sum(v for (name, labels), v in m.items() if name == "abs_engine_task_records_in_total"
                and dict(labels)["vertex"] == "read")
     assert read > 3000  # the sources read past the stall, in both attempts
+    # latency: the sinks' marker ages, in the API, the metrics and the result
+    lat = job["latency"]
+    assert lat["run"]["samples"] >= 1 and lat["run"]["p50_ms"] <= lat["run"]["p99_ms"] <= lat["run"]["max_ms"]
+    assert m[("abs_engine_latency_markers_total", ())] >= lat["run"]["samples"]
+    if lat["recent"] is not None:
+        assert m[("abs_engine_latency_seconds", (("quantile", "0.99"),))] >= 0
+    assert res.latency is not None and res.latency.samples >= lat["run"]["samples"]
 
     # stored beside the checkpoints: the final state, and a report of it
     doc = store.read_stats(str(tmp_path / "ckpt"))

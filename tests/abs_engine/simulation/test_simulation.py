@@ -149,6 +149,7 @@ def test_the_runs_exercise_the_protocol() -> None:
     assert total["completed"] >= 3 * 180  # more than the final checkpoint per run on average
     assert total["aborted"] >= 10 and total["discarded"] >= 10  # timeouts, late acks
     assert total["cycle_logged"] >= 20  # back-edge logs hold records in flight
+    assert total["markers"] >= 180  # latency markers travel among the records and barriers
 
 
 def test_cli_prints_a_reproduction_line_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
