@@ -18,7 +18,7 @@ from operators.combiners import PreCount, SumCounts
 from operators.keyed import Count, Reduce, ReduceFinal
 
 from .errors import GraphError, GraphErrorReason
-from .graph import Partition
+from .graph import NodeKind, Partition
 from .streams import A, K, R, S, T, U, Stream, _fn_label, _on_error
 from .windowed import WindowedStream
 
@@ -42,16 +42,28 @@ class KeyedStream(Stream[T], Generic[T, K]):
     def _key_label(self) -> str:
         return self._key_name or (_fn_label(self.key_fn) if self.key_fn else "record")
 
+    def _edge_key(self) -> Any:
+        """The shuffle's key function: key_by's, carrying its on_error (and a name) to the
+        edge (runtime/output.py)."""
+        if self.key_on_error != "fail" or self._key_name is not None:
+            return KeyFunction(self.key_fn, self.key_on_error, self._key_name)
+        return self.key_fn
+
+    def _then(self, op: Operator, base: str, label: str, name: str | None, parallelism: int | None,
+              key_fn: Callable[[Any], Any] | None = None, keyed: bool = False,
+              kind: NodeKind = NodeKind.OPERATOR) -> str:
+        # Whatever follows key_by has its input partitioned by the key, keyed state or not:
+        # a map or a sink after key_by gets all of a key's records, in order, on one subtask.
+        return super()._then(op, base, label, name, parallelism, key_fn=key_fn if key_fn is not None
+                             else self._edge_key(), keyed=keyed, kind=kind)
+
     def _keyed(self, op: Operator, base: str, name: str | None, parallelism: int | None,
                key_label: str | None = None) -> Stream[Any]:
         label = f"{base}(key={key_label or self._key_label()})"
-        # The edge's key function carries key_by's on_error (and a name) to the shuffle
-        # (runtime/output.py); the operator, which computes keys too, gets the on_error.
-        edge_key: Any = self.key_fn
+        # The operator computes keys too: it gets key_by's on_error.
         if self.key_on_error != "fail" or self._key_name is not None:
-            edge_key = KeyFunction(self.key_fn, self.key_on_error, self._key_name)
             op.key_on_error = self.key_on_error
-        return Stream(self.flow, self._then(op, base, label, name, parallelism, key_fn=edge_key, keyed=True))
+        return Stream(self.flow, self._then(op, base, label, name, parallelism, key_fn=self._edge_key(), keyed=True))
 
     def _before_shuffle(self, pre_op: Operator, base: str, name: str | None,
                         key_name: str | None = None) -> "KeyedStream[tuple[Any, Any], Any]":
