@@ -68,6 +68,9 @@ class OperatorContext:
     #: ``time``); None: the system's. Operators that measure time read it through ``monotonic``,
     #: so a simulated run moves their time too.
     clock: Any = None
+    #: The dataflow's name (the same in every attempt and resume): what an external system's
+    #: bookkeeping (a sink's progress table) knows this job by.
+    job: str = ""
 
     def monotonic(self) -> Callable[[], float]:
         """The task's monotonic clock, as a function to call."""

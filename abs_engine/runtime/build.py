@@ -78,7 +78,7 @@ def prepare(deploy: messages.Deploy, task_id: str, generation: int, activity: Ac
 
     def ctx(name: str) -> Any:
         return OperatorContext(name, spec.index, spec.parallelism, generation, restored, fence,
-                               max_parallelism=plan.max_parallelism, tls=tls, clock=clock)
+                               max_parallelism=plan.max_parallelism, tls=tls, clock=clock, job=plan.job)
 
     names = list(chain_spec.operators)
     source: Any = None

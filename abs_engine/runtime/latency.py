@@ -1,8 +1,8 @@
 """Latency markers (Flink's ``LatencyMarker``): how long the dataflow takes from a source to
 a sink, measured by the dataflow itself.
 
-A source task sends a marker every ``latency_interval`` seconds (``JobConfig``), stamped with
-the wall time, behind the records it emitted before it. Every task passes it on; a task with
+A source task sends a marker after its first read and then every ``latency_interval`` seconds
+(``JobConfig``), stamped with the wall time, behind the records it emitted before it. Every task passes it on; a task with
 no out-edge (a sink's) reports its age to the driver (``messages.Latency``), which keeps the
 job's percentiles (monitor/latency.py).
 
@@ -37,7 +37,8 @@ class LatencyMarkers:
         self.task, self.emitter, self.control, self.clock = task, emitter, control, clock
         self.interval = interval
         self.terminal = not emitter.outputs
-        self.next_due = clock.time() + interval if interval > 0 else float("inf")
+        # (the first at a source's first read: a short job is measured too)
+        self.next_due = clock.time() if interval > 0 else float("inf")
 
     def tick(self) -> None:
         """After a source read: a marker, if one is due."""

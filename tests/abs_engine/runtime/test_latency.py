@@ -41,8 +41,9 @@ def test_a_marker_waits_behind_the_records_sent_before_it(tmp_path: Path) -> Non
 
 
 def test_markers_leave_a_loop_and_a_shuffle_exact_on_processes(tmp_path: Path) -> None:
-    """The bank loop (a back-edge) and its shuffles with a marker every millisecond: the
-    output equals the oracle and the markers reached the sinks."""
+    """The bank loop (a back-edge) and its shuffles with a marker every millisecond (the
+    first right after each source's first read): the output equals the oracle and the
+    markers reached the sinks."""
     out = str(tmp_path / "out.tsv")
     res = bank.build_flow(20, 3_000, seed=5, output=out, parallelism=2).run(
         checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"), latency_interval=0.001)

@@ -1,0 +1,105 @@
+"""PostgreSQL connections and the checks a sink makes before a job starts (operators/postgres.py):
+each failure a ``PostgresSinkError`` with its ``PostgresProblem`` and the fix.
+
+Invariant: no error message carries the connection string's password (``describe`` is what
+names a server).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Sequence
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from abs_engine.errors import InputError
+
+
+class PostgresProblem(enum.Enum):
+    UNREACHABLE = "unreachable"
+    AUTHENTICATION = "authentication"
+    MISSING_TABLE = "missing table"
+    SCHEMA_MISMATCH = "schema mismatch"
+    NO_UNIQUE_KEY = "no unique key"
+
+
+class PostgresSinkError(InputError):
+    """The sink cannot write where it was pointed; retrying cannot help (``fatal``)."""
+
+    fatal = True
+
+    def __init__(self, problem: PostgresProblem, message: str):
+        super().__init__(message)
+        self.problem = problem
+
+
+def describe(dsn: str) -> str:
+    """``user@host:port/dbname`` of ``dsn`` (no password), for messages and identities."""
+    try:
+        d = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "(an unparsable connection string)"
+    return f"{d.get('user', '')}@{d.get('host', 'localhost')}:{d.get('port', '5432')}/{d.get('dbname', '')}"
+
+
+def connect(dsn: str, timeout: float, where: str) -> psycopg.Connection[Any]:
+    """A connection to ``dsn`` (waiting at most ``timeout`` seconds), or the typed error."""
+    try:
+        return psycopg.connect(dsn, connect_timeout=max(1, int(timeout)))
+    except psycopg.ProgrammingError as e:
+        raise PostgresSinkError(PostgresProblem.UNREACHABLE, f"the PostgreSQL connection string is invalid ({e}): "
+                                                             "give a libpq string or a postgresql:// URI") from None
+    except psycopg.OperationalError as e:
+        text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        if "password authentication failed" in text or "no password supplied" in text:
+            raise PostgresSinkError(PostgresProblem.AUTHENTICATION,
+                                    f"PostgreSQL at {where} refused the credentials ({text}): fix the user or "
+                                    "password in the connection string") from None
+        if "does not exist" in text and "database" in text:
+            raise PostgresSinkError(PostgresProblem.MISSING_TABLE,
+                                    f"PostgreSQL at {where}: {text}: create the database or fix its name") from None
+        raise PostgresSinkError(PostgresProblem.UNREACHABLE,
+                                f"cannot reach PostgreSQL at {where} ({text}): start the server, or fix the host and "
+                                "port in the connection string") from None
+
+
+def quoted(conn: psycopg.Connection[Any], name: str) -> str:
+    """``name`` (``table`` or ``schema.table``) as a quoted SQL identifier."""
+    return sql.Identifier(*name.split(".", 1)).as_string(conn)
+
+
+def check_target(conn: psycopg.Connection[Any], table: str, columns: Sequence[str], key: Sequence[str],
+                 mode: str) -> None:
+    """The table exists with ``columns``; for an upsert a unique index covers exactly ``key``."""
+    schema, _, name = table.rpartition(".")
+    with conn.cursor() as cur:
+        cur.execute("SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE c.relname = %s AND c.relkind IN ('r', 'p') AND "
+                    "(n.nspname = %s OR (%s = '' AND n.nspname = current_schema()))", (name, schema, schema))
+        found = cur.fetchone()
+        if found is None:
+            raise PostgresSinkError(PostgresProblem.MISSING_TABLE,
+                                    f"table {table!r} does not exist: create it (with the columns {list(columns)}) "
+                                    "or fix the table name")
+        oid = found[0]
+        cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
+                    "ORDER BY attnum", (oid,))
+        have = [r[0] for r in cur.fetchall()]
+        missing = [c for c in columns if c not in have]
+        if missing:
+            raise PostgresSinkError(PostgresProblem.SCHEMA_MISMATCH,
+                                    f"table {table!r} has no column(s) {missing} (it has {have}): fix columns= or "
+                                    "alter the table")
+        if mode == "upsert":
+            cur.execute("SELECT array_agg(a.attname ORDER BY a.attname) FROM pg_index i JOIN pg_attribute a "
+                        "ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND "
+                        "i.indisunique GROUP BY i.indexrelid", (oid,))
+            uniques = [sorted(r[0]) for r in cur.fetchall()]
+            if sorted(key) not in uniques:
+                raise PostgresSinkError(PostgresProblem.NO_UNIQUE_KEY,
+                                        f"table {table!r} has no unique index on exactly {list(key)} (its unique "
+                                        f"indexes: {uniques or 'none'}), which an upsert needs: add a primary key or "
+                                        f"unique index on {list(key)}")
+    conn.rollback()

@@ -1,0 +1,230 @@
+"""PostgresSink against a real PostgreSQL server (tests/operators/postgres_server.py).
+
+Exactly once: append and upsert tables equal the batch oracle after restores in process,
+after SIGKILLs of workers at random moments, and after a SIGKILL at each step of a commit
+(before its transaction, inside it before COMMIT, after it); a replayed epoch is skipped; a
+sink of an older attempt cannot commit. Bad input (an unreachable server, wrong credentials,
+a missing table or column, an upsert without a unique key) fails before the job starts,
+with the problem named. Every check reads the table with psycopg, not with the sink."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from abs_engine import Dataflow
+from abs_engine.errors import FencedOut
+from abs_engine.testing import GatedSource, KillOnCheckpoints, TestingSource, fail_at
+from operators.base import OperatorContext
+from operators.postgres import PostgresProblem, PostgresSink, PostgresSinkError
+
+from .postgres_server import Server, postgres  # noqa: F401 - the fixture
+
+_names = itertools.count()
+
+
+def fresh_table(pg: Server, upsert: bool = False) -> str:
+    name = f"t{os.getpid()}_{next(_names)}"
+    pg.query(f"CREATE TABLE {name} (k text {'PRIMARY KEY' if upsert else ''}, n bigint, label text)")
+    return name
+
+
+def events(n: int, keys: int = 50) -> list[tuple[str, int, str]]:
+    return [(f"k{i % keys}", i, f"e{i}") for i in range(n)]
+
+
+def appended(pg: Server, table: str) -> collections.Counter[tuple[Any, ...]]:
+    return collections.Counter(pg.query(f"SELECT k, n, label FROM {table}"))
+
+
+def flow_into(sink: PostgresSink, items: list[Any], *maps: Any, parallelism: int = 2, name: str = "pgjob",
+              batch_size: int = 100) -> Dataflow:
+    flow = Dataflow(name)
+    s = flow.source(TestingSource(items, batch_size=batch_size), "read", parallelism=parallelism)
+    for fn in maps:
+        s = s.map(fn)
+    s.key_by(lambda r: r[0]).map(lambda r: r, "route", parallelism=2).sink(sink, "pg", parallelism=2)
+    return flow
+
+
+def test_append_in_process_with_a_crash_equals_the_oracle(postgres: Server, tmp_path: Path) -> None:
+    table = fresh_table(postgres)
+    items = events(3_000)
+    res = flow_into(PostgresSink(postgres.dsn(), table, ["k", "n", "label"]), items, fail_at(1_200)).run(
+        executor="inprocess", checkpoint_interval=0.01, checkpoint_dir=str(tmp_path / "ck"))
+    assert res.restarts == 1
+    assert appended(postgres, table) == collections.Counter(items)
+    # the progress table: one row per sink subtask, at the job's last checkpoint
+    rows = postgres.query("SELECT subtask, checkpoint FROM abs_engine_sink_progress WHERE target = %s", (table,))
+    assert sorted(r[0] for r in rows) == [0, 1] and all(r[1] > 0 for r in rows)
+
+
+def test_upsert_keeps_the_last_row_of_each_key(postgres: Server, tmp_path: Path) -> None:
+    table = fresh_table(postgres, upsert=True)
+    items = events(2_000, keys=37)
+    sink = PostgresSink(postgres.dsn(), table, ["k", "n", "label"], mode="upsert", key=["k"])
+    flow_into(sink, items, fail_at(900), parallelism=1).run(
+        executor="inprocess", checkpoint_interval=0.01, checkpoint_dir=str(tmp_path / "ck"))
+    last = {k: (k, n, label) for k, n, label in items}
+    assert sorted(postgres.query(f"SELECT k, n, label FROM {table}")) == sorted(last.values())
+
+
+def test_dict_records_and_to_row(postgres: Server, tmp_path: Path) -> None:
+    table = fresh_table(postgres)
+    items = [{"k": f"k{i}", "n": i, "label": None} for i in range(300)]
+    flow = Dataflow("dicts")
+    flow.source(TestingSource(items), "read").sink(PostgresSink(postgres.dsn(), table, ["k", "n", "label"]), "pg")
+    flow.run(executor="inprocess", checkpoint_dir=str(tmp_path / "ck"))
+    assert sorted(postgres.query(f"SELECT k, n, label FROM {table}")) == sorted((f"k{i}", i, None) for i in range(300))
+
+
+def ctx(attempt: int, restored: bool, job: str = "fence") -> OperatorContext:
+    return OperatorContext("pg", 0, 1, attempt, restored, job=job)
+
+
+def test_an_older_attempt_cannot_commit_and_a_replay_is_skipped(postgres: Server) -> None:
+    table = fresh_table(postgres)
+    cols = ["k", "n", "label"]
+    old = PostgresSink(postgres.dsn(), table, cols)
+    old.check()
+    old.open(ctx(0, False))
+    old.process([("a", 1, "x"), ("b", 2, "y")])
+    state = old.snapshot(1)
+    old.notify_checkpoint_complete(1)
+    old.process([("c", 3, "z")])
+    state2 = old.snapshot(2)  # checkpoint 2 completes, but this worker is lost before its commit
+    # the next attempt restores checkpoint 2: epoch 1 is committed already (skipped), epoch 2 is not
+    new = PostgresSink(postgres.dsn(), table, cols)
+    new.open(ctx(1, True))
+    new.restore(state2)
+    assert appended(postgres, table) == collections.Counter([("a", 1, "x"), ("b", 2, "y"), ("c", 3, "z")])
+    # the old worker wakes up: its commit of epoch 2 is refused, nothing written twice
+    with pytest.raises(FencedOut, match="no longer owns"):
+        old.notify_checkpoint_complete(2)
+    # restoring checkpoint 1 again (a replay of what is committed) writes nothing either
+    again = PostgresSink(postgres.dsn(), table, cols)
+    again.open(ctx(2, True))
+    again.restore(state)
+    assert sum(appended(postgres, table).values()) == 3
+    for s in (old, new, again):
+        s.close()
+
+
+def test_a_record_that_is_not_a_row_fails_naming_it(postgres: Server, tmp_path: Path) -> None:
+    table = fresh_table(postgres)
+    flow = Dataflow("bad-row")
+    flow.source(TestingSource([("a", 1, "x"), ("b", 2)]), "read").sink(
+        PostgresSink(postgres.dsn(), table, ["k", "n", "label"]), "pg")
+    with pytest.raises(Exception, match=r"\('b', 2\)") as info:
+        flow.run(executor="inprocess", checkpoint_dir=str(tmp_path / "ck"))
+    assert "2 values for the 3 columns" in str(info.value)
+
+
+@pytest.mark.parametrize("problem,make", [
+    (PostgresProblem.UNREACHABLE, lambda pg, t: (pg.dsn().replace(str(pg.port), str(free_port())), t, ["k"], {})),
+    (PostgresProblem.AUTHENTICATION, lambda pg, t: (pg.dsn(password="wrong"), t, ["k"], {})),
+    (PostgresProblem.MISSING_TABLE, lambda pg, t: (pg.dsn(), "no_such_table", ["k"], {})),
+    (PostgresProblem.SCHEMA_MISMATCH, lambda pg, t: (pg.dsn(), t, ["k", "price"], {})),
+    (PostgresProblem.NO_UNIQUE_KEY, lambda pg, t: (pg.dsn(), t, ["k", "n"], {"mode": "upsert", "key": ["n"]})),
+])
+def test_bad_input_fails_before_the_job_starts_naming_the_fix(postgres: Server, tmp_path: Path,
+                                                             problem: PostgresProblem, make: Any) -> None:
+    table = fresh_table(postgres, upsert=True)
+    dsn, target, columns, kw = make(postgres, table)
+    flow = Dataflow("bad")
+    flow.source(TestingSource([("a", 1)]), "read").sink(PostgresSink(dsn, target, columns, connect_timeout=3, **kw), "pg")
+    with pytest.raises(PostgresSinkError) as info:
+        flow.run(executor="inprocess", checkpoint_dir=str(tmp_path / "ck"))
+    assert info.value.problem is problem and info.value.fatal
+    assert "wrong" not in str(info.value) and "s3cret" not in str(info.value)  # no password in messages
+    assert any(w in str(info.value) for w in ("start the server", "fix the user", "create it", "fix columns",
+                                              "add a primary key"))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class KillAtStep(PostgresSink):
+    """SIGKILLs its worker at ``step`` of its first commit, in the first attempt; the next
+    attempt opens ``gate``, which holds the source until then (so the job cannot end first)."""
+
+    def __init__(self, *args: Any, step: str, gate: str, **kw: Any):
+        super().__init__(*args, **kw)
+        self.kill_step, self.gate = step, gate
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        if ctx.attempt > 0:
+            Path(self.gate).touch()
+
+    def _step(self, step: str) -> None:
+        if step == self.kill_step and self.ctx.attempt == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillThenOpen(KillOnCheckpoints):
+    """KillOnCheckpoints that opens ``gate`` once it has killed them all."""
+
+    def __init__(self, after: list[int], gate: Path, seed: int):
+        super().__init__(after, seed)
+        self.gate = gate
+
+    def on_checkpoint(self, checkpoint_id: int, pids: dict[str, int]) -> str | None:
+        killed = super().on_checkpoint(checkpoint_id, pids)
+        if len(self.killed) == len(self.after):
+            self.gate.touch()
+        return killed
+
+
+def gated_flow(sink: PostgresSink, items: list[Any], gate: Path, hold_after: int, parallelism: int,
+               name: str) -> Dataflow:
+    flow = Dataflow(name)
+    (flow.source(GatedSource(TestingSource(items, batch_size=500), gate, after=hold_after), "read",
+                 parallelism=parallelism)
+     .key_by(lambda r: r[0]).map(lambda r: r, "route", parallelism=2).sink(sink, "pg", parallelism=2))
+    return flow
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["before", "inside", "after"])
+def test_a_sigkill_at_each_step_of_a_commit_loses_and_duplicates_nothing(postgres: Server, tmp_path: Path,
+                                                                        step: str) -> None:
+    table = fresh_table(postgres)
+    items = events(20_000)
+    gate = tmp_path / "gate"
+    sink = KillAtStep(postgres.dsn(), table, ["k", "n", "label"], step=step, gate=str(gate))
+    res = gated_flow(sink, items, gate, 4_000, 2, f"step-{step}").run(
+        checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
+    assert res.restarts >= 1 and gate.exists()
+    assert appended(postgres, table) == collections.Counter(items)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("upsert", [False, True])
+def test_sigkills_of_workers_leave_the_table_equal_to_the_oracle(postgres: Server, tmp_path: Path,
+                                                                upsert: bool) -> None:
+    table = fresh_table(postgres, upsert=upsert)
+    items = events(40_000, keys=500)
+    kw: dict[str, Any] = {"mode": "upsert", "key": ["k"]} if upsert else {}
+    chaos = KillThenOpen([2, 5], tmp_path / "gate", seed=11)
+    # (upsert: one source subtask, so that a key's rows reach its sink subtask in the list's order)
+    res = gated_flow(PostgresSink(postgres.dsn(), table, ["k", "n", "label"], **kw), items, tmp_path / "gate",
+                     5_000, 1 if upsert else 2, "kills").run(
+        checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"), chaos=chaos)
+    assert len(chaos.killed) == 2 and res.restarts == 2
+    if upsert:
+        last = {k: (k, n, label) for k, n, label in items}
+        assert sorted(postgres.query(f"SELECT k, n, label FROM {table}")) == sorted(last.values())
+    else:
+        assert appended(postgres, table) == collections.Counter(items)
