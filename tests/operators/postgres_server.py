@@ -9,6 +9,7 @@ installs PostgreSQL and sets it, so there the tests cannot quietly not run).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -66,13 +67,13 @@ def _as_user() -> tuple[Callable[[], None] | None, int | None, int | None]:
     return drop, pw.pw_uid, pw.pw_gid
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[Server]:
+@contextlib.contextmanager
+def running() -> Iterator[Server]:
+    """A server for as long as the block runs (benchmarks/postgres_bench.py uses it too);
+    RuntimeError if PostgreSQL is not installed or does not start."""
     initdb, binary = find_bin("initdb"), find_bin("postgres")
     if initdb is None or binary is None:
-        if os.environ.get("ABS_ENGINE_REQUIRE_POSTGRES"):
-            pytest.fail("PostgreSQL is not installed (apt-get install postgresql): its tests must run here")
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+        raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
     drop, uid, gid = _as_user()
     top = tempfile.mkdtemp(prefix="abs-pg-")
     data = os.path.join(top, "data")
@@ -85,9 +86,10 @@ def postgres() -> Iterator[Server]:
     subprocess.run([initdb, "-D", data, "-U", USER, "--pwfile", pwfile, "-A", "scram-sha-256", "-E", "UTF8",
                     "--no-sync"], check=True, capture_output=True, preexec_fn=drop)
     port = _free_port()
-    proc = subprocess.Popen([binary, "-D", data, "-p", str(port), "-k", top, "-c", "listen_addresses=127.0.0.1",
-                             "-c", "wal_level=logical", "-c", "fsync=off", "-c", "max_connections=60"],
-                            stdout=subprocess.DEVNULL, stderr=open(os.path.join(top, "log"), "w"), preexec_fn=drop)
+    with open(os.path.join(top, "log"), "w") as log:
+        proc = subprocess.Popen([binary, "-D", data, "-p", str(port), "-k", top, "-c", "listen_addresses=127.0.0.1",
+                                 "-c", "wal_level=logical", "-c", "fsync=off", "-c", "max_connections=60"],
+                                stdout=subprocess.DEVNULL, stderr=log, preexec_fn=drop)
     server = Server(port, top)
     try:
         deadline = time.monotonic() + 60
@@ -98,7 +100,7 @@ def postgres() -> Iterator[Server]:
             except Exception:  # noqa: BLE001 - not up yet
                 if proc.poll() is not None or time.monotonic() > deadline:
                     with open(os.path.join(top, "log")) as f:
-                        pytest.fail(f"PostgreSQL did not start: {f.read()[-2000:]}")
+                        raise RuntimeError(f"PostgreSQL did not start: {f.read()[-2000:]}") from None
                 time.sleep(0.05)
         yield server
     finally:
@@ -109,3 +111,13 @@ def postgres() -> Iterator[Server]:
             proc.kill()
             proc.wait()
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Server]:
+    if find_bin("initdb") is None or find_bin("postgres") is None:
+        if os.environ.get("ABS_ENGINE_REQUIRE_POSTGRES"):
+            pytest.fail("PostgreSQL is not installed (apt-get install postgresql): its tests must run here")
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    with running() as server:
+        yield server

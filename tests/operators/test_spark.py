@@ -272,21 +272,6 @@ def test_spark_without_java_fails_clearly(tmp_path, small_corpus):
     assert "Spark could not start" in p.stderr and "Java" in p.stderr
 
 
-def test_the_embedded_session_starts_quietly(tmp_path, small_corpus):
-    """The word-count demo through Spark prints no start-up notices or warnings of Spark's
-    (its log4j2 profile) but the shell's one line on its level (set to ERROR right after),
-    and the JVM's own incubator-module line."""
-    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "wordcount.py")
-    p = subprocess.run([sys.executable, example, "--input", small_corpus, "--output", str(tmp_path / "o.tsv")],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    assert "output equals a plain batch count: YES" in p.stdout
-    spark_lines = [line for line in p.stderr.splitlines()
-                   if ("WARN" in line or "log4j" in line or "log level" in line) and "incubator" not in line
-                   and line != 'Setting default log level to "WARN".']
-    assert spark_lines == [], spark_lines
-
-
 def test_a_dataframe_of_a_stopped_session_is_a_clear_error_not_a_java_npe() -> None:
     """Starting a session on another master stops the embedded one: a DataFrame made on it
     before would fail deep in Spark (a NullPointerException); the source says what happened."""
