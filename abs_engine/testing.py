@@ -241,9 +241,14 @@ class KillOnCheckpoints:
     a kill at a wall-clock moment, which may fall before the first checkpoint. ``killed``
     lists the tasks killed and ``killed_after`` the ids of the checkpoints they followed.
     A kill after the job's *final* checkpoint may find no worker left to kill; choose
-    completions the job reaches before its end (it also needs that many completions)."""
+    completions the job reaches before its end (it also needs that many completions).
 
-    def __init__(self, after: Iterable[int], seed: int = 0):
+    ``open_gate``: a file this creates once it has made every kill, the gate of a
+    ``GatedSource`` that holds the input meanwhile: the job cannot end before the kills,
+    however fast it runs."""
+
+    def __init__(self, after: Iterable[int], seed: int = 0, open_gate: str | os.PathLike[str] | None = None):
+        self.open_gate = os.fspath(open_gate) if open_gate is not None else None
         self.after = sorted(set(after))
         if any(n < 1 for n in self.after):
             raise ValueError("after counts checkpoint completions from 1")
@@ -258,6 +263,12 @@ class KillOnCheckpoints:
 
     def on_checkpoint(self, checkpoint_id: int, pids: dict[str, int]) -> str | None:
         """Called by the executor after each completed checkpoint; returns the task killed."""
+        killed = self._on_checkpoint(checkpoint_id, pids)
+        if self.open_gate is not None and len(self.killed) == len(self.after):
+            open(self.open_gate, "a").close()
+        return killed
+
+    def _on_checkpoint(self, checkpoint_id: int, pids: dict[str, int]) -> str | None:
         self.seen += 1
         if self.seen not in self.after or not pids:
             return None

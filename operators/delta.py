@@ -21,20 +21,13 @@ Invariants:
 from __future__ import annotations
 
 import enum
-import random
-import secrets
-import time
 from typing import Any, Callable, Sequence
 
 from abs_engine.errors import InputError
 
-from .base import OperatorContext, Sink
-from .record_errors import function_label
+from .epoch_sink import EpochSink
 
 __all__ = ["DeltaProblem", "DeltaSink", "DeltaSinkError"]
-
-#: Tries of one commit that conflicts with other subtasks' (then the task fails and restarts).
-COMMIT_ATTEMPTS = 20
 
 
 class DeltaProblem(enum.Enum):
@@ -52,7 +45,7 @@ class DeltaSinkError(InputError):
         self.problem = problem
 
 
-class DeltaSink(Sink):
+class DeltaSink(EpochSink):
     """Rows into the Delta Lake table at ``uri`` (a local path, ``s3://...``, ...), exactly once.
 
     ``schema``: a ``pyarrow.Schema``; the table is created with it if it does not exist (with
@@ -81,12 +74,10 @@ class DeltaSink(Sink):
         if not set(key) <= set(names) or not set(partition_by) <= set(names):
             raise ValueError(f"key {list(key)} and partition_by {list(partition_by)} must be among the schema's "
                              f"fields {names}")
+        super().__init__(names, to_row)
         self.uri, self.schema, self.mode, self.key = uri, schema, mode, tuple(key)
-        self.to_row, self.partition_by = to_row, list(partition_by)
+        self.partition_by = list(partition_by)
         self.storage_options = dict(storage_options or {})
-        self.buffer: list[Any] = []
-        self.pending: list[tuple[int, list[Any]]] = []  #: (checkpoint id, rows) not yet committed
-        self.run = ""  #: this run's part of the app_id (see the module docstring)
 
     def check(self) -> None:
         """The table exists with the schema's fields, or is created with them."""
@@ -120,80 +111,26 @@ class DeltaSink(Sink):
     def outputs(self) -> list[str]:
         return [self.uri]
 
-    def open(self, ctx: OperatorContext) -> None:
-        super().open(ctx)
-        self.run = secrets.token_hex(6)  # a restore replaces it with its checkpoint's
-
-    def app_id(self) -> str:
-        return f"abs-engine:{self.ctx.job}:{self.ctx.operator}:{self.ctx.subtask_index}:{self.run}"
-
-    def process(self, batch: list[Any]) -> list[Any]:
-        names = self.schema.names
-        for record in batch:
-            try:
-                value = self.to_row(record) if self.to_row is not None else record
-                row = value if isinstance(value, dict) else dict(zip(names, value, strict=True))
-            except Exception as e:
-                self.record_failed(record, function_label("to_row", self.to_row) if self.to_row is not None
-                                   else f"sink {self.ctx.operator!r} (a record must be a row)", e)
-                continue
-            self.buffer.append(row)
-        return []
-
-    def snapshot(self, checkpoint_id: int) -> Any:
-        if self.buffer:
-            self.pending.append((checkpoint_id, self.buffer))
-            self.buffer = []
-        return {"run": self.run, "pending": [[cid, rows] for cid, rows in self.pending]}
-
-    def restore(self, state: Any) -> None:
-        self.run = str(state["run"])
-        self.pending = [(int(cid), list(rows)) for cid, rows in state["pending"]]
-        self.buffer = []
-        self._commit(None)  # recover-and-commit: every epoch of a completed checkpoint
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self._commit(checkpoint_id)
-
-    def _commit(self, upto: int | None) -> None:
-        """One Delta commit: the epochs up to ``upto`` (None: all) above the table's
-        transaction version for this app_id, with the newest one's id as the version."""
+    def conflicts(self) -> tuple[type[BaseException], ...]:
         from deltalake.exceptions import CommitFailedError
 
-        ready = [(cid, rows) for cid, rows in self.pending if upto is None or cid <= upto]
-        if not ready:
-            return
-        self._step("before")
-        for attempt in range(COMMIT_ATTEMPTS):
-            try:
-                with self.ctx.guard():
-                    self._write(ready)
-                break
-            except CommitFailedError:
-                # Another subtask committed first (concurrent MERGEs conflict in Delta's
-                # optimistic concurrency): read the table again and redo, a while later.
-                if attempt == COMMIT_ATTEMPTS - 1:
-                    raise
-                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))  # backoff between retries
-        self._step("after")
-        finished = {cid for cid, _ in ready}
-        self.pending = [(cid, rows) for cid, rows in self.pending if cid not in finished]
+        return (CommitFailedError,)  # concurrent MERGEs of two subtasks conflict (optimistic concurrency)
 
-    def _write(self, ready: list[tuple[int, list[Any]]]) -> None:
-        """One Delta commit of the epochs of ``ready`` above the table's transaction version."""
+    def publish(self, epochs: list[tuple[int, list[dict[str, Any]]]]) -> None:
+        """One Delta commit of the epochs above the table's transaction version for our
+        app_id, carrying the newest one's id as the version."""
         import pyarrow as pa
         from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
         table = DeltaTable(self.uri, storage_options=self.storage_options or None)
         app = self.app_id()
         done = table.transaction_version(app) or 0
-        todo = [(cid, rows) for cid, rows in ready if cid > done]
+        todo = [(cid, rows) for cid, rows in epochs if cid > done]
         if not todo:
             return
         rows = [r for _, batch in todo for r in batch]
         if self.mode == "merge":
-            last = {tuple(r[k] for k in self.key): r for r in rows}  # MERGE: one source row per key
-            rows = list(last.values())
+            rows = self.last_per_key(rows, self.key)
         data = pa.Table.from_pylist(rows, schema=self.schema)
         props = CommitProperties(app_transactions=[Transaction(app, max(cid for cid, _ in todo))])
         if self.mode == "append":
@@ -202,7 +139,3 @@ class DeltaSink(Sink):
             on = " AND ".join(f"t.{k} = s.{k}" for k in self.key)
             (table.merge(data, on, source_alias="s", target_alias="t", commit_properties=props)
              .when_matched_update_all().when_not_matched_insert_all().execute())
-
-    def _step(self, step: str) -> None:
-        """A point of the commit (``before`` it, ``after`` it): a hook for tests that kill the
-        worker there."""

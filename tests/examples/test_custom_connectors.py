@@ -28,18 +28,6 @@ def test_a_missing_input_fails_before_the_job_starts(tmp_path: Path) -> None:
         ex.build_flow(str(tmp_path / "nope.jsonl"), str(tmp_path / "t.db")).run(executor="inprocess")
 
 
-class KillThenOpen(KillOnCheckpoints):
-    def __init__(self, after: list[int], gate: Path):
-        super().__init__(after, seed=4)
-        self.gate = gate
-
-    def on_checkpoint(self, checkpoint_id: int, pids: dict[str, int]) -> str | None:
-        killed = super().on_checkpoint(checkpoint_id, pids)
-        if len(self.killed) == len(self.after):
-            self.gate.touch()
-        return killed
-
-
 @pytest.mark.slow
 def test_sigkills_at_checkpoints_leave_the_table_equal_to_the_batch_computation(tmp_path: Path) -> None:
     orders, db, gate = str(tmp_path / "orders.jsonl"), str(tmp_path / "totals.db"), tmp_path / "gate"
@@ -49,7 +37,7 @@ def test_sigkills_at_checkpoints_leave_the_table_equal_to_the_batch_computation(
      .map(lambda o: (o["customer"], o["amount"]), "amounts", parallelism=1)
      .key_by(lambda ca: ca[0]).reduce(ex.add, "totals").map(lambda kv: kv[1], "rows")
      .sink(ex.SqliteSink(db), "sqlite"))
-    chaos = KillThenOpen([2, 4], gate)
+    chaos = KillOnCheckpoints([2, 4], seed=4, open_gate=gate)
     res = flow.run(checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.05, chaos=chaos)
     assert len(chaos.killed) == 2 and res.restarts == 2
     assert ex.table(db) == ex.oracle(orders)

@@ -173,20 +173,6 @@ class KillAtStep(PostgresSink):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class KillThenOpen(KillOnCheckpoints):
-    """KillOnCheckpoints that opens ``gate`` once it has killed them all."""
-
-    def __init__(self, after: list[int], gate: Path, seed: int):
-        super().__init__(after, seed)
-        self.gate = gate
-
-    def on_checkpoint(self, checkpoint_id: int, pids: dict[str, int]) -> str | None:
-        killed = super().on_checkpoint(checkpoint_id, pids)
-        if len(self.killed) == len(self.after):
-            self.gate.touch()
-        return killed
-
-
 def gated_flow(sink: PostgresSink, items: list[Any], gate: Path, hold_after: int, parallelism: int,
                name: str) -> Dataflow:
     flow = Dataflow(name)
@@ -217,7 +203,7 @@ def test_sigkills_of_workers_leave_the_table_equal_to_the_oracle(postgres: Serve
     table = fresh_table(postgres, upsert=upsert)
     items = events(40_000, keys=500)
     kw: dict[str, Any] = {"mode": "upsert", "key": ["k"]} if upsert else {}
-    chaos = KillThenOpen([2, 5], tmp_path / "gate", seed=11)
+    chaos = KillOnCheckpoints([2, 5], seed=11, open_gate=tmp_path / "gate")
     # (upsert: one source subtask, so that a key's rows reach its sink subtask in the list's order)
     res = gated_flow(PostgresSink(postgres.dsn(), table, ["k", "n", "label"], **kw), items, tmp_path / "gate",
                      5_000, 1 if upsert else 2, "kills").run(

@@ -1,0 +1,113 @@
+"""The part every table sink shares (Delta Lake, Iceberg): rows held per checkpoint epoch,
+kept in the checkpoint, published when the checkpoint completes, and republished after a
+restore, with the publishing itself (idempotent, one commit) left to the subclass.
+
+Invariants:
+- Nothing is published in ``process`` or ``snapshot``: only epochs of a completed
+  checkpoint, in ``notify_checkpoint_complete`` and ``restore`` (docs/writing-connectors.md).
+- The epochs are in every checkpoint until published, as rows of msgpack data.
+- ``app_id`` names the job, the sink, its subtask and the run; a run started afresh gets a
+  new run part, a restored one keeps its checkpoint's. A subclass records the checkpoint id
+  it published under this ``app_id`` atomically with the rows, and skips epochs at or below
+  the recorded one.
+- Publishing runs under the engine's fence (``ctx.guard()``); a conflict with another
+  subtask's commit (``conflicts()``) is retried, boundedly, with the table read again.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from typing import Any, Callable, Sequence
+
+from .base import OperatorContext, Sink
+from .record_errors import function_label
+
+#: Tries of one commit that conflicts with other subtasks' (then the task fails and restarts).
+COMMIT_ATTEMPTS = 20
+
+
+class EpochSink(Sink):
+    """Rows as dicts of ``names`` (from dicts, tuples in ``names``' order, or ``to_row``),
+    held per epoch; subclasses implement ``publish(epochs)`` and may override ``conflicts``."""
+
+    def conflicts(self) -> tuple[type[BaseException], ...]:
+        """Exceptions that mean another writer committed first: the commit is tried again.
+        (Looked up when committing, in the worker: a library's classes are not shipped.)"""
+        return ()
+
+    def __init__(self, names: Sequence[str], to_row: Callable[[Any], Any] | None):
+        self.names = list(names)
+        self.to_row = to_row
+        self.buffer: list[dict[str, Any]] = []
+        self.pending: list[tuple[int, list[dict[str, Any]]]] = []  #: (checkpoint id, rows) not yet published
+        self.run = ""
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self.run = secrets.token_hex(6)  # a restore replaces it with its checkpoint's
+
+    def app_id(self) -> str:
+        return f"abs-engine:{self.ctx.job}:{self.ctx.operator}:{self.ctx.subtask_index}:{self.run}"
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        names = self.names
+        for record in batch:
+            try:
+                value = self.to_row(record) if self.to_row is not None else record
+                row = value if isinstance(value, dict) else dict(zip(names, value, strict=True))
+            except Exception as e:
+                self.record_failed(record, function_label("to_row", self.to_row) if self.to_row is not None
+                                   else f"sink {self.ctx.operator!r} (a record must be a row)", e)
+                continue
+            self.buffer.append(row)
+        return []
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        if self.buffer:
+            self.pending.append((checkpoint_id, self.buffer))
+            self.buffer = []
+        return {"run": self.run, "pending": [[cid, rows] for cid, rows in self.pending]}
+
+    def restore(self, state: Any) -> None:
+        self.run = str(state["run"])
+        self.pending = [(int(cid), list(rows)) for cid, rows in state["pending"]]
+        self.buffer = []
+        self._commit(None)  # recover-and-commit: every epoch of a completed checkpoint
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self._commit(checkpoint_id)
+
+    def _commit(self, upto: int | None) -> None:
+        ready = [(cid, rows) for cid, rows in self.pending if upto is None or cid <= upto]
+        if not ready:
+            return
+        self._step("before")
+        conflicts = self.conflicts()
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                with self.ctx.guard():
+                    self.publish(ready)
+                break
+            except conflicts:
+                if attempt == COMMIT_ATTEMPTS - 1:
+                    raise
+                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))  # backoff between retries
+        self._step("after")
+        finished = {cid for cid, _ in ready}
+        self.pending = [(cid, rows) for cid, rows in self.pending if cid not in finished]
+
+    def publish(self, epochs: list[tuple[int, list[dict[str, Any]]]]) -> None:
+        """One commit of the ``epochs`` above the checkpoint id recorded for ``app_id()``,
+        recording the newest one's id with them."""
+        raise NotImplementedError
+
+    @staticmethod
+    def last_per_key(rows: list[dict[str, Any]], key: Sequence[str]) -> list[dict[str, Any]]:
+        """The last row of each key, in order (a merge takes one source row per key)."""
+        return list({tuple(r[k] for k in key): r for r in rows}.values())
+
+    def _step(self, step: str) -> None:
+        """A point of the commit (``before`` it, ``after`` it): a hook for tests that kill the
+        worker there."""
