@@ -116,10 +116,9 @@ class DeltaSink(EpochSink):
 
         return (CommitFailedError,)  # concurrent MERGEs of two subtasks conflict (optimistic concurrency)
 
-    def publish(self, epochs: list[tuple[int, list[dict[str, Any]]]]) -> None:
+    def publish(self, epochs: list[tuple[int, list[Any]]]) -> None:
         """One Delta commit of the epochs above the table's transaction version for our
         app_id, carrying the newest one's id as the version."""
-        import pyarrow as pa
         from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
         table = DeltaTable(self.uri, storage_options=self.storage_options or None)
@@ -128,10 +127,8 @@ class DeltaSink(EpochSink):
         todo = [(cid, rows) for cid, rows in epochs if cid > done]
         if not todo:
             return
-        rows = [r for _, batch in todo for r in batch]
-        if self.mode == "merge":
-            rows = self.last_per_key(rows, self.key)
-        data = pa.Table.from_pylist(rows, schema=self.schema)
+        items = [r for _, batch in todo for r in batch]
+        data = self.to_arrow(items, self.schema, self.key if self.mode == "merge" else ())
         props = CommitProperties(app_transactions=[Transaction(app, max(cid for cid, _ in todo))])
         if self.mode == "append":
             write_deltalake(table, data, mode="append", commit_properties=props)

@@ -21,6 +21,8 @@ import secrets
 import time
 from typing import Any, Callable, Sequence
 
+from abs_engine.arrow_ipc import is_record_batch
+
 from .base import OperatorContext, Sink
 from .record_errors import function_label
 
@@ -29,8 +31,10 @@ COMMIT_ATTEMPTS = 20
 
 
 class EpochSink(Sink):
-    """Rows as dicts of ``names`` (from dicts, tuples in ``names``' order, or ``to_row``),
-    held per epoch; subclasses implement ``publish(epochs)`` and may override ``conflicts``."""
+    """Rows as dicts of ``names`` (from dicts, tuples in ``names``' order, or ``to_row``), or
+    whole ``pyarrow.RecordBatch`` records (the columnar path: held, checkpointed and written
+    as Arrow, never row by row), held per epoch; subclasses implement ``publish(epochs)``
+    and may override ``conflicts``."""
 
     def conflicts(self) -> tuple[type[BaseException], ...]:
         """Exceptions that mean another writer committed first: the commit is tried again.
@@ -40,8 +44,8 @@ class EpochSink(Sink):
     def __init__(self, names: Sequence[str], to_row: Callable[[Any], Any] | None):
         self.names = list(names)
         self.to_row = to_row
-        self.buffer: list[dict[str, Any]] = []
-        self.pending: list[tuple[int, list[dict[str, Any]]]] = []  #: (checkpoint id, rows) not yet published
+        self.buffer: list[Any] = []  #: rows (dicts) and RecordBatches since the last barrier
+        self.pending: list[tuple[int, list[Any]]] = []  #: (checkpoint id, its rows and batches) not yet published
         self.run = ""
 
     def open(self, ctx: OperatorContext) -> None:
@@ -54,6 +58,14 @@ class EpochSink(Sink):
     def process(self, batch: list[Any]) -> list[Any]:
         names = self.names
         for record in batch:
+            if is_record_batch(record) and self.to_row is None:
+                missing = [n for n in names if n not in record.schema.names]
+                if missing:
+                    self.record_failed(record, f"sink {self.ctx.operator!r} (a batch must have the schema's fields)",
+                                       ValueError(f"a RecordBatch without the column(s) {missing}"))
+                    continue
+                self.buffer.append(record)
+                continue
             try:
                 value = self.to_row(record) if self.to_row is not None else record
                 row = value if isinstance(value, dict) else dict(zip(names, value, strict=True))
@@ -98,15 +110,27 @@ class EpochSink(Sink):
         finished = {cid for cid, _ in ready}
         self.pending = [(cid, rows) for cid, rows in self.pending if cid not in finished]
 
-    def publish(self, epochs: list[tuple[int, list[dict[str, Any]]]]) -> None:
+    def publish(self, epochs: list[tuple[int, list[Any]]]) -> None:
         """One commit of the ``epochs`` above the checkpoint id recorded for ``app_id()``,
         recording the newest one's id with them."""
         raise NotImplementedError
 
     @staticmethod
-    def last_per_key(rows: list[dict[str, Any]], key: Sequence[str]) -> list[dict[str, Any]]:
-        """The last row of each key, in order (a merge takes one source row per key)."""
-        return list({tuple(r[k] for k in key): r for r in rows}.values())
+    def to_arrow(items: list[Any], schema: Any, key: Sequence[str] = ()) -> Any:
+        """The rows and RecordBatches of ``items`` as one ``pyarrow.Table`` of ``schema``;
+        with ``key``, only the last row of each key (a merge takes one source row per key)."""
+        import pyarrow as pa
+
+        if key:
+            rows: list[dict[str, Any]] = []
+            for item in items:
+                rows.extend(item.to_pylist() if is_record_batch(item) else [item])
+            return pa.Table.from_pylist(list({tuple(r[k] for k in key): r for r in rows}.values()), schema=schema)
+        parts = [pa.Table.from_batches([b]).select(schema.names).cast(schema) for b in items if is_record_batch(b)]
+        rows = [r for r in items if not is_record_batch(r)]
+        if rows or not parts:
+            parts.append(pa.Table.from_pylist(rows, schema=schema))
+        return pa.concat_tables(parts)
 
     def _step(self, step: str) -> None:
         """A point of the commit (``before`` it, ``after`` it): a hook for tests that kill the

@@ -127,18 +127,14 @@ class IcebergSink(EpochSink):
                 newest = max(newest, int(value))
         return newest
 
-    def publish(self, epochs: list[tuple[int, list[dict[str, Any]]]]) -> None:
-        import pyarrow as pa
-
+    def publish(self, epochs: list[tuple[int, list[Any]]]) -> None:
         table = self._catalog().load_table(self.table)
         done = self.committed(table)
         todo = [(cid, rows) for cid, rows in epochs if cid > done]
         if not todo:
             return
-        rows = [r for _, batch in todo for r in batch]
-        if self.mode == "upsert":
-            rows = self.last_per_key(rows, self.key)
-        data = pa.Table.from_pylist(rows, schema=self.schema)
+        items = [r for _, batch in todo for r in batch]
+        data = self.to_arrow(items, self.schema, self.key if self.mode == "upsert" else ())
         props = {PROPERTY + self.app_id(): str(max(cid for cid, _ in todo))}
         if self.mode == "append":
             table.append(data, snapshot_properties=props)

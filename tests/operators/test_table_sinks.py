@@ -216,3 +216,27 @@ def test_sigkills_of_workers_leave_the_table_equal_to_the_oracle(tmp_path: Path,
         assert sorted(rows_in(kind, tmp_path)) == sorted(last.values())
     else:
         assert collections.Counter(rows_in(kind, tmp_path)) == collections.Counter(items)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_record_batches_are_held_and_written_whole(tmp_path: Path, kind: str) -> None:
+    """The columnar path: RecordBatch records are kept as Arrow in the checkpoint and
+    written as they are (with a crash and a restore between), extra columns left out."""
+    items = events(6_000)
+    batches = [pa.RecordBatch.from_pylist([{"k": k, "n": n, "label": label, "extra": 1.5}
+                                           for k, n, label in items[i:i + 500]]) for i in range(0, 6_000, 500)]
+    flow = Dataflow("batches")
+    (flow.source(TestingSource(batches, batch_size=1), "read", parallelism=2).map(fail_at(5), "crash")
+     .sink(sink(kind, tmp_path), "table", parallelism=2))
+    res = flow.run(executor="inprocess", checkpoint_interval=0.01, checkpoint_dir=str(tmp_path / "ck"))
+    assert res.restarts == 1
+    assert collections.Counter(rows_in(kind, tmp_path)) == collections.Counter(items)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_batch_without_the_schemas_fields_fails_naming_them(tmp_path: Path, kind: str) -> None:
+    flow = Dataflow("bad-batch")
+    flow.source(TestingSource([pa.RecordBatch.from_pylist([{"k": "a", "n": 1}])]), "read").sink(
+        sink(kind, tmp_path), "table")
+    with pytest.raises(Exception, match=r"without the column\(s\) \['label'\]"):
+        flow.run(executor="inprocess", checkpoint_dir=str(tmp_path / "ck"))
