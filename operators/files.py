@@ -6,9 +6,11 @@ import hashlib
 import os
 from typing import Any, Callable
 
+from abs_engine import fs
 from abs_engine.errors import InputError
 
 from .base import OperatorContext, Sink, Source, function_label
+from .epoch_parts import EpochParts
 
 FINGERPRINT_EDGE = 64 * 1024  #: bytes hashed at each end of the file for its fingerprint
 
@@ -238,6 +240,13 @@ class FileSink(Sink):
     With parallelism 1, ``path`` is the output file; otherwise (or with directory=True)
     ``path`` is a directory of ``part-00000``, ``part-00001``, ... files.
 
+    On an object store or remote file system (``s3://``, ``gs://``, ``abfs://``, ``hdfs://``:
+    the URIs checkpoints take, abs_engine/fs.py) nothing can be appended to: ``path`` is a
+    prefix under which each subtask's epoch n becomes one object ``part-<subtask>-<n>.txt``,
+    put whole when checkpoint n completes (operators/epoch_parts.py). A restore from
+    checkpoint n deletes this subtask's objects of later epochs and puts the pending ones
+    again (the same names: idempotent).
+
     ``format``: ``"tsv"`` (the default: a string as is, a pair as ``key<TAB>value``, any
     tuple's fields joined by tabs), ``"jsonl"`` (one JSON value per line; a record that JSON
     cannot hold fails the task naming it), ``"csv"``, or a function record -> str. A line
@@ -250,7 +259,10 @@ class FileSink(Sink):
         format: str | Callable[[Any], str] | None = None,
         directory: bool | None = None,
     ):
-        self.path = os.path.abspath(os.fspath(path))  # (the driver's directory, as TextFileSource)
+        self.path = os.fspath(path)
+        self.remote = fs.is_remote(self.path)
+        if not self.remote:
+            self.path = os.path.abspath(self.path)  # (the driver's directory, as TextFileSource)
         self.format = _formatter(format)
         self.directory = directory  #: None: a file at parallelism 1, a directory otherwise
         self.buffer: list[str] = []
@@ -258,6 +270,12 @@ class FileSink(Sink):
         self.published = 0
 
     def check(self) -> None:
+        if self.remote:
+            try:
+                fs.Store(self.path).make_root()
+            except fs.StoreError as e:
+                raise InputError(f"cannot write output: {e}") from None
+            return
         parent = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(parent):
             raise InputError(f"cannot write output {self.path!r}: directory {parent!r} does not exist")
@@ -267,6 +285,13 @@ class FileSink(Sink):
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
+        if self.remote:
+            out = fs.open_dir(self.path)
+            out.make_root()
+            self.parts = EpochParts(out, ctx.subtask_index, ".txt")
+            with ctx.guard():
+                self.parts.start(ctx.restored, ctx.parallelism)
+            return
         if not (self.directory or (self.directory is None and ctx.parallelism > 1)):
             self.out_path = self.path
         else:
@@ -295,12 +320,17 @@ class FileSink(Sink):
             data = ("\n".join(self.buffer) + "\n").encode("utf-8")
             self.pending.append((checkpoint_id, data))
             self.buffer = []
-        return {"published": self.published, "pending": list(self.pending)}
+        return {"published": self.published, "pending": list(self.pending), "checkpoint": checkpoint_id}
 
     def restore(self, state: Any) -> None:
         self.published = state["published"]
         self.pending = [(int(e), bytes(d)) for e, d in state["pending"]]
         self.buffer = []
+        if self.remote:
+            with self.ctx.guard():  # later epochs' objects were published by the failed attempt
+                self.parts.rollback(after=int(state["checkpoint"]))
+                self._publish(upto=None)
+            return
         with self.ctx.guard():  # fenced: a stale attempt must not race this truncate
             size = os.path.getsize(self.out_path) if os.path.exists(self.out_path) else -1
             if size < self.published:
@@ -317,7 +347,14 @@ class FileSink(Sink):
             self._publish(upto=checkpoint_id)
 
     def _publish(self, upto: int | None) -> None:
-        """Append the ready epochs after ``published``. Call under ``ctx.guard()``."""
+        """Append the ready epochs after ``published`` (remote: put each as its object).
+        Call under ``ctx.guard()``."""
+        if self.remote:
+            for e, d in self.pending:
+                if upto is None or e <= upto:
+                    self.parts.put(e, d)
+            self.pending = [(e, d) for e, d in self.pending if not (upto is None or e <= upto)]
+            return
         ready = [d for e, d in self.pending if upto is None or e <= upto]
         with open(self.out_path, "r+b") as f:
             # Truncating first drops anything a crash left half-written after `published`.

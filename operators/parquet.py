@@ -11,15 +11,13 @@ of epochs after n are deleted (rolled back) and the epochs n held pending are wr
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Sequence
 
 from abs_engine import fs
 from abs_engine.errors import InputError
 
 from .base import OperatorContext, Sink
-
-_PART = re.compile(r"^part-(\d{5})-(\d{6,})\.parquet$")
+from .epoch_parts import EpochParts
 
 
 class ParquetSink(Sink):
@@ -53,19 +51,9 @@ class ParquetSink(Sink):
         super().open(ctx)
         self.out = fs.open_dir(self.path)
         self.out.make_root()
+        self.parts = EpochParts(self.out, ctx.subtask_index, ".parquet")
         with ctx.guard():  # fenced: only the current attempt changes the output
-            for name in self.out.list():
-                was = fs.leftover_of(name)
-                m = _PART.match(was) if was else None
-                if m and int(m.group(1)) == ctx.subtask_index:
-                    self.out.delete_file(name)  # a crash mid-write
-            if not ctx.restored:
-                self._delete_mine(after=-1)
-                if ctx.subtask_index == 0:  # parts of a wider earlier run
-                    for name in self.out.list():
-                        m = _PART.match(name)
-                        if m and int(m.group(1)) >= ctx.parallelism:
-                            self.out.delete_file(name)
+            self.parts.start(ctx.restored, ctx.parallelism)
 
     def process(self, batch: list[Any]) -> list[Any]:
         self.buffer.extend(batch)
@@ -82,25 +70,12 @@ class ParquetSink(Sink):
         self.buffer = []
         with self.ctx.guard():
             # Epochs after the restored checkpoint were published by the failed attempt: roll back.
-            self._delete_mine(after=int(state["checkpoint"]))
+            self.parts.rollback(after=int(state["checkpoint"]))
             self._publish(upto=None)  # pending epochs of a completed checkpoint are committed
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         with self.ctx.guard():
             self._publish(upto=checkpoint_id)
-
-    def _mine(self) -> list[tuple[int, str]]:
-        out = []
-        for name in self.out.list():
-            m = _PART.match(name)
-            if m and int(m.group(1)) == self.ctx.subtask_index:
-                out.append((int(m.group(2)), name))
-        return out
-
-    def _delete_mine(self, after: int) -> None:
-        for epoch, name in self._mine():
-            if epoch > after:
-                self.out.delete_file(name)
 
     def _publish(self, upto: int | None) -> None:
         import pyarrow as pa
@@ -117,5 +92,5 @@ class ParquetSink(Sink):
                 cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in self.columns]
             buf = pa.BufferOutputStream()
             pq.write_table(pa.table(dict(zip(self.columns, cols))), buf)
-            self.out.put((f"part-{self.ctx.subtask_index:05d}-{epoch:06d}.parquet",), buf.getvalue().to_pybytes())
+            self.parts.put(epoch, buf.getvalue().to_pybytes())
         self.pending = keep
