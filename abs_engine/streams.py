@@ -208,7 +208,9 @@ class Stream(Generic[T]):
         for o in others:
             if o.flow is not self.flow:
                 raise GraphError(GraphErrorReason.FOREIGN_STREAM, "union() of streams from different Dataflows")
-        n = self._then(Identity(), "union", "union", name, parallelism)
+        # (Stream's _then even after key_by: the union's input edges are partitioned alike,
+        # and one stream's key function cannot read another's records)
+        n = Stream._then(self, Identity(), "union", "union", name, parallelism)
         for o in others:
             self.flow.graph.edges.append(Edge(o.node, n, o._partition))
         return Stream(self.flow, n)

@@ -116,6 +116,12 @@ class DeltaSink(EpochSink):
 
         return (CommitFailedError,)  # concurrent MERGEs of two subtasks conflict (optimistic concurrency)
 
+    def recorded(self) -> int:
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.uri, storage_options=self.storage_options or None).transaction_version(
+            self.app_id()) or 0
+
     def publish(self, epochs: list[tuple[int, list[Any]]]) -> None:
         """One Delta commit of the epochs above the table's transaction version for our
         app_id, carrying the newest one's id as the version."""
@@ -133,6 +139,6 @@ class DeltaSink(EpochSink):
         if self.mode == "append":
             write_deltalake(table, data, mode="append", commit_properties=props)
         else:
-            on = " AND ".join(f"t.{k} = s.{k}" for k in self.key)
+            on = " AND ".join(f't."{k}" = s."{k}"' for k in self.key)  # (quoted: any column name)
             (table.merge(data, on, source_alias="s", target_alias="t", commit_properties=props)
              .when_matched_update_all().when_not_matched_insert_all().execute())

@@ -22,12 +22,20 @@ import time
 from typing import Any, Callable, Sequence
 
 from abs_engine.arrow_ipc import is_record_batch
+from abs_engine.errors import InputError
 
 from .base import OperatorContext, Sink
 from .record_errors import function_label
 
 #: Tries of one commit that conflicts with other subtasks' (then the task fails and restarts).
 COMMIT_ATTEMPTS = 20
+
+
+class TableAheadError(InputError):
+    """The table holds epochs of a newer checkpoint than the one restored (an older
+    checkpoint or savepoint was restored): committing again would lose or repeat rows."""
+
+    fatal = True
 
 
 class EpochSink(Sink):
@@ -80,12 +88,20 @@ class EpochSink(Sink):
         if self.buffer:
             self.pending.append((checkpoint_id, self.buffer))
             self.buffer = []
-        return {"run": self.run, "pending": [[cid, rows] for cid, rows in self.pending]}
+        return {"run": self.run, "pending": [[cid, rows] for cid, rows in self.pending], "checkpoint": checkpoint_id}
 
     def restore(self, state: Any) -> None:
         self.run = str(state["run"])
         self.pending = [(int(cid), list(rows)) for cid, rows in state["pending"]]
         self.buffer = []
+        if "checkpoint" in state:
+            recorded, restored = self.recorded(), int(state["checkpoint"])
+            if recorded > restored:
+                raise TableAheadError(
+                    f"sink {self.ctx.operator!r} subtask {self.ctx.subtask_index}: its table already holds checkpoint "
+                    f"{recorded}, newer than the checkpoint restored ({restored}): restoring an older checkpoint or "
+                    "savepoint into it would lose or repeat rows. Restore the newest checkpoint, or start the job "
+                    "afresh into another table")
         self._commit(None)  # recover-and-commit: every epoch of a completed checkpoint
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
@@ -109,6 +125,10 @@ class EpochSink(Sink):
         self._step("after")
         finished = {cid for cid, _ in ready}
         self.pending = [(cid, rows) for cid, rows in self.pending if cid not in finished]
+
+    def recorded(self) -> int:
+        """The newest checkpoint id the table records for ``app_id()`` (0: none)."""
+        raise NotImplementedError
 
     def publish(self, epochs: list[tuple[int, list[Any]]]) -> None:
         """One commit of the ``epochs`` above the checkpoint id recorded for ``app_id()``,

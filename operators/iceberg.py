@@ -127,6 +127,9 @@ class IcebergSink(EpochSink):
                 newest = max(newest, int(value))
         return newest
 
+    def recorded(self) -> int:
+        return self.committed(self._catalog().load_table(self.table))
+
     def publish(self, epochs: list[tuple[int, list[Any]]]) -> None:
         table = self._catalog().load_table(self.table)
         done = self.committed(table)

@@ -26,6 +26,8 @@ Invariants:
 from __future__ import annotations
 
 import secrets
+
+import psycopg
 from typing import Any, Callable, Sequence
 
 from . import postgres_schema, postgres_write
@@ -78,6 +80,7 @@ class PostgresSink(Sink):
         self.mode, self.key, self.to_row = mode, tuple(key), to_row
         self.progress_table, self.connect_timeout = progress_table, connect_timeout
         self.buffer: list[list[Any]] = []
+        self.restored_from: int | None = None  #: the checkpoint restored (None: none, or not known)
         self.pending: list[tuple[int, list[list[Any]]]] = []  #: (checkpoint id, rows) not yet committed
 
     # ---- the driver -------------------------------------------------------------------------
@@ -98,14 +101,16 @@ class PostgresSink(Sink):
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
-        self.conn = self._connect()
+        self.conn = self._connect(in_worker=True)
         self.progress = postgres_schema.quoted(self.conn, self.progress_table)
         self.target = postgres_schema.quoted(self.conn, self.table)
         self.owner = getattr(ctx.fence, "token", "") or secrets.token_hex(8)
         self.ident = (ctx.job, ctx.operator, self.table, ctx.subtask_index)
         # The takeover: from now on no older attempt of this subtask can commit. A fresh start
-        # (no checkpoint) begins its count again; a restore keeps what was committed.
-        with self.conn.cursor() as cur:
+        # (no checkpoint) begins its count again; a restore keeps what was committed. Under the
+        # engine's fence: a worker of an older attempt that gets here late cannot take the row
+        # back (nor reset its count).
+        with self.ctx.guard(), self.conn.cursor() as cur:
             cur.execute(f"INSERT INTO {self.progress} (job, sink, target, subtask, checkpoint, owner) "
                         "VALUES (%s, %s, %s, %s, 0, %s) ON CONFLICT (job, sink, target, subtask) DO UPDATE SET "
                         "owner = EXCLUDED.owner, updated = now()"
@@ -131,11 +136,12 @@ class PostgresSink(Sink):
         if self.buffer:
             self.pending.append((checkpoint_id, self.buffer))
             self.buffer = []
-        return {"pending": [[cid, rows] for cid, rows in self.pending]}
+        return {"pending": [[cid, rows] for cid, rows in self.pending], "checkpoint": checkpoint_id}
 
     def restore(self, state: Any) -> None:
         self.pending = [(int(cid), [list(r) for r in rows]) for cid, rows in state["pending"]]
         self.buffer = []
+        self.restored_from = int(state["checkpoint"]) if "checkpoint" in state else None
         self._commit(None)  # recover-and-commit: every epoch of a completed checkpoint
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
@@ -152,11 +158,25 @@ class PostgresSink(Sink):
         """One transaction: the epochs up to ``upto`` (None: all) that the progress row does
         not count yet, and the progress row moved past them."""
         ready = [(cid, rows) for cid, rows in self.pending if upto is None or cid <= upto]
-        if not ready:
+        if not ready and upto is not None:
             return
         self._step("before")
+        try:
+            self._transaction(ready, restoring=upto is None)
+        except (psycopg.DataError, psycopg.IntegrityError) as e:
+            raise PostgresSinkError(PostgresProblem.REJECTED_ROW, postgres_write.rejected(self.table, ready, e)) from None
+        self._step("after")
+        done = {cid for cid, _ in ready}
+        self.pending = [(cid, rows) for cid, rows in self.pending if cid not in done]
+
+    def _transaction(self, ready: list[tuple[int, list[list[Any]]]], restoring: bool) -> None:
         with self.ctx.guard(), self.conn.transaction(), self.conn.cursor() as cur:
             committed = postgres_write.lock_progress(cur, self.progress, self.ident, self.owner)
+            if restoring and self.restored_from is not None and committed > self.restored_from:
+                raise PostgresSinkError(PostgresProblem.AHEAD_OF_CHECKPOINT, postgres_write.ahead(
+                    self.table, self.ident, committed, self.restored_from))
+            if not ready:
+                return
             todo = [rows for cid, rows in ready if cid > committed]
             if todo:
                 postgres_write.write(cur, self.target, self.columns, self.mode, self.key,
@@ -166,16 +186,15 @@ class PostgresSink(Sink):
                 cur.execute(f"UPDATE {self.progress} SET checkpoint = %s, updated = now() WHERE job = %s "
                             "AND sink = %s AND target = %s AND subtask = %s", (last, *self.ident))
             self._step("inside")
-        self._step("after")
-        done = {cid for cid, _ in ready}
-        self.pending = [(cid, rows) for cid, rows in self.pending if cid not in done]
 
     def _step(self, step: str) -> None:
         """A point of the commit (``before`` the transaction, ``inside`` it before COMMIT,
         ``after`` it): a hook for tests that kill the worker there."""
 
-    def _connect(self) -> Any:
-        return postgres_schema.connect(self.dsn, self.connect_timeout, self._where())
+    def _connect(self, in_worker: bool = False) -> Any:
+        """In a worker a server that does not answer is an OSError the job restarts on (it
+        may be restarting); in the driver, before the job starts, a fatal typed error."""
+        return postgres_schema.connect(self.dsn, self.connect_timeout, self._where(), fatal=not in_worker)
 
     def _where(self) -> str:
         return postgres_schema.describe(self.dsn)

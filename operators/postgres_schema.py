@@ -23,6 +23,8 @@ class PostgresProblem(enum.Enum):
     MISSING_TABLE = "missing table"
     SCHEMA_MISMATCH = "schema mismatch"
     NO_UNIQUE_KEY = "no unique key"
+    REJECTED_ROW = "rejected row"  #: the server refused a row (a type, a constraint)
+    AHEAD_OF_CHECKPOINT = "ahead of checkpoint"  #: the table holds epochs newer than the one restored
 
 
 class PostgresSinkError(InputError):
@@ -44,15 +46,20 @@ def describe(dsn: str) -> str:
     return f"{d.get('user', '')}@{d.get('host', 'localhost')}:{d.get('port', '5432')}/{d.get('dbname', '')}"
 
 
-def connect(dsn: str, timeout: float, where: str) -> psycopg.Connection[Any]:
-    """A connection to ``dsn`` (waiting at most ``timeout`` seconds), or the typed error."""
+def connect(dsn: str, timeout: float, where: str, fatal: bool = True) -> psycopg.Connection[Any]:
+    """A connection to ``dsn`` (waiting at most ``timeout`` seconds), or the typed error.
+    ``fatal=False`` (a worker): a server that does not answer is a ConnectionError, which
+    the job restarts on, not the fatal error the driver's check gives before the start."""
     try:
         return psycopg.connect(dsn, connect_timeout=max(1, int(timeout)))
-    except psycopg.ProgrammingError as e:
-        raise PostgresSinkError(PostgresProblem.UNREACHABLE, f"the PostgreSQL connection string is invalid ({e}): "
+    except psycopg.ProgrammingError:
+        # (libpq's parse errors quote the string, password and all: not repeated here)
+        raise PostgresSinkError(PostgresProblem.UNREACHABLE, "the PostgreSQL connection string cannot be parsed: "
                                                              "give a libpq string or a postgresql:// URI") from None
     except psycopg.OperationalError as e:
         text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        if not fatal and "password authentication failed" not in text:
+            raise ConnectionError(f"cannot reach PostgreSQL at {where} ({text})") from None
         if "password authentication failed" in text or "no password supplied" in text:
             raise PostgresSinkError(PostgresProblem.AUTHENTICATION,
                                     f"PostgreSQL at {where} refused the credentials ({text}): fix the user or "

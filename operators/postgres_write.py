@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from abs_engine.errors import FencedOut
 
@@ -28,6 +29,27 @@ def lock_progress(cur: psycopg.Cursor[Any], progress: str, ident: tuple[str, str
     return int(row[0])
 
 
+def adapted(row: list[Any]) -> list[Any]:
+    """A dict value as JSON (jsonb, json and text columns take it); the rest as psycopg adapts it."""
+    return [Jsonb(v) if isinstance(v, dict) else v for v in row]
+
+
+def rejected(table: str, epochs: list[tuple[int, list[list[Any]]]], e: BaseException) -> str:
+    """What to say when the server refused a row of ``epochs`` (retrying cannot help)."""
+    ids = ", ".join(str(cid) for cid, _ in epochs)
+    first = str(e).strip().splitlines()
+    return (f"PostgreSQL refused a row for table {table!r} (checkpoint(s) {ids}): "
+            f"{' '.join(first[:3])}: fix the record upstream (to_row=) or the table; the job stopped here so "
+            "that nothing after it is committed out of order")
+
+
+def ahead(table: str, ident: tuple[str, str, str, int], committed: int, restored: int) -> str:
+    return (f"table {table!r} already holds checkpoint {committed} of sink {ident[1]!r} subtask {ident[3]} (job "
+            f"{ident[0]!r}), newer than the checkpoint restored ({restored}): restoring an older checkpoint or "
+            "savepoint into it would lose or repeat rows. Restore the newest checkpoint, or empty the table and "
+            "start the job afresh")
+
+
 def write(cur: psycopg.Cursor[Any], target: str, columns: Sequence[str], mode: str, key: Sequence[str],
           rows: list[list[Any]]) -> None:
     """``rows`` into ``target``: COPY (append), or COPY into a temporary table and one
@@ -36,18 +58,20 @@ def write(cur: psycopg.Cursor[Any], target: str, columns: Sequence[str], mode: s
     if mode == "append":
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(sql.SQL(target), cols)) as copy:
             for r in rows:
-                copy.write_row(r)
+                copy.write_row(adapted(r))
         return
     at = [columns.index(k) for k in key]
     last: dict[tuple[Any, ...], list[Any]] = {}
     for r in rows:
         last[tuple(r[i] for i in at)] = r  # (an upsert may not touch one row twice in a statement)
     stage = sql.Identifier("abs_engine_stage")
-    cur.execute(sql.SQL("CREATE TEMPORARY TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
-                .format(stage, sql.SQL(target)))
+    # (only the sink's columns, without the target's constraints: an identity key the rows do
+    # not carry must not make the staging table refuse them)
+    cur.execute(sql.SQL("CREATE TEMPORARY TABLE IF NOT EXISTS {} ON COMMIT DELETE ROWS AS SELECT {} FROM {} "
+                        "WITH NO DATA").format(stage, cols, sql.SQL(target)))
     with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, cols)) as copy:
         for r in last.values():
-            copy.write_row(r)
+            copy.write_row(adapted(r))
     others = [c for c in columns if c not in key]
     action = (sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
         sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in others))

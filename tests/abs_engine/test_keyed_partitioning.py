@@ -51,3 +51,15 @@ def test_every_record_of_a_key_reaches_one_subtask_in_order(tmp_path: Path, betw
     assert all(len(s) == 1 for s in subtasks.values()), dict(subtasks)
     assert len({next(iter(s)) for s in subtasks.values()}) > 1  # the keys are spread over subtasks
     assert order == {k: [i for kk, i in items if kk == k] for k in order}
+
+
+def test_a_union_of_two_keyed_streams_reads_each_with_its_own_key(tmp_path: Path) -> None:
+    """A union after key_by takes records of other streams too: no stream's key function is
+    applied to another's records (the union's inputs are partitioned alike)."""
+    flow = Dataflow("keyed-union")
+    pairs = flow.source(TestingSource([(f"k{i}", i) for i in range(100)]), "pairs").key_by(key_of)
+    numbers = flow.source(TestingSource(list(range(100))), "numbers").key_by(lambda n: n % 3)
+    sink = CapturingSink(str(tmp_path / "out"))
+    pairs.union(numbers, parallelism=2).sink(sink, "out")
+    flow.run(executor="inprocess", checkpoint_dir=str(tmp_path / "ck"))
+    assert sorted(map(repr, sink.records())) == sorted(map(repr, [(f"k{i}", i) for i in range(100)] + list(range(100))))

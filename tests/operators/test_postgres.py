@@ -107,10 +107,14 @@ def test_an_older_attempt_cannot_commit_and_a_replay_is_skipped(postgres: Server
     # the old worker wakes up: its commit of epoch 2 is refused, nothing written twice
     with pytest.raises(FencedOut, match="no longer owns"):
         old.notify_checkpoint_complete(2)
-    # restoring checkpoint 1 again (a replay of what is committed) writes nothing either
+    # restoring checkpoint 1 (an older checkpoint or savepoint) into a table that holds
+    # checkpoint 2 would lose or repeat rows: refused, nothing written
     again = PostgresSink(postgres.dsn(), table, cols)
     again.open(ctx(2, True))
-    again.restore(state)
+    with pytest.raises(PostgresSinkError) as info:
+        again.restore(state)
+    assert info.value.problem is PostgresProblem.AHEAD_OF_CHECKPOINT and "newer than the checkpoint restored" in str(
+        info.value)
     assert sum(appended(postgres, table).values()) == 3
     for s in (old, new, again):
         s.close()
@@ -126,8 +130,58 @@ def test_a_record_that_is_not_a_row_fails_naming_it(postgres: Server, tmp_path: 
     assert "2 values for the 3 columns" in str(info.value)
 
 
+def test_a_late_open_of_an_older_attempt_cannot_take_the_progress_row_back(postgres: Server,
+                                                                           tmp_path: Path) -> None:
+    """A worker of a replaced attempt that reaches open() late (stopped, slow) is fenced there:
+    it neither takes ownership back nor resets the count (a fresh start's open would)."""
+    from abs_engine.checkpoint.fence import Fence, advance
+
+    table, cols = fresh_table(postgres), ["k", "n", "label"]
+    advance(str(tmp_path), "attempt-1")
+    new = PostgresSink(postgres.dsn(), table, cols)
+    new.check()
+    new.open(OperatorContext("pg", 0, 1, 1, False, fence=Fence(str(tmp_path), "attempt-1"), job="late"))
+    new.process([("a", 1, "x")])
+    new.snapshot(1)
+    new.notify_checkpoint_complete(1)
+    late = PostgresSink(postgres.dsn(), table, cols)
+    with pytest.raises(FencedOut):
+        late.open(OperatorContext("pg", 0, 1, 0, False, fence=Fence(str(tmp_path), "attempt-0"), job="late"))
+    assert postgres.query("SELECT checkpoint, owner FROM abs_engine_sink_progress WHERE target = %s",
+                          (table,)) == [(1, "attempt-1")]
+    new.process([("b", 2, "y")])
+    new.snapshot(2)
+    new.notify_checkpoint_complete(2)  # still the owner: it commits
+    assert sum(appended(postgres, table).values()) == 2
+    new.close()
+    late.close()
+
+
+def test_json_values_and_an_identity_key_and_a_refused_row(postgres: Server, tmp_path: Path) -> None:
+    """A dict value goes into a jsonb column; an upsert fills a table whose identity id it
+    does not carry; a row the server refuses fails the job at once, naming the table, the
+    checkpoint and the server's words, instead of failing every restart the same way."""
+    table = f"j{os.getpid()}_{next(_names)}"
+    postgres.query(f"CREATE TABLE {table} (id bigint GENERATED ALWAYS AS IDENTITY, k text UNIQUE, n bigint, doc jsonb)")
+    items = [(f"k{i % 5}", i, {"i": i, "tags": ["a", "b"]}) for i in range(50)]
+    flow = Dataflow("json")
+    flow.source(TestingSource(items), "read").sink(
+        PostgresSink(postgres.dsn(), table, ["k", "n", "doc"], mode="upsert", key=["k"]), "pg")
+    flow.run(executor="inprocess", checkpoint_dir=str(tmp_path / "ck"))
+    last = {k: (k, n, doc) for k, n, doc in items}
+    assert sorted(postgres.query(f"SELECT k, n, doc FROM {table}")) == sorted(last.values())
+    bad = Dataflow("refused")
+    bad.source(TestingSource([("a", 1, None), ("b", "not a number", None)]), "read").sink(
+        PostgresSink(postgres.dsn(), table, ["k", "n", "doc"]), "pg")
+    with pytest.raises(Exception) as info:
+        bad.run(executor="inprocess", checkpoint_dir=str(tmp_path / "ck2"), restart_attempts=3)
+    text = str(info.value)
+    assert "refused a row" in text and table in text and "not a number" in text
+
+
 @pytest.mark.parametrize("problem,make", [
     (PostgresProblem.UNREACHABLE, lambda pg, t: (pg.dsn().replace(str(pg.port), str(free_port())), t, ["k"], {})),
+    (PostgresProblem.UNREACHABLE, lambda pg, t: (pg.dsn(password="s3cr%zzet") + "&x", t, ["k"], {})),
     (PostgresProblem.AUTHENTICATION, lambda pg, t: (pg.dsn(password="wrong"), t, ["k"], {})),
     (PostgresProblem.MISSING_TABLE, lambda pg, t: (pg.dsn(), "no_such_table", ["k"], {})),
     (PostgresProblem.SCHEMA_MISMATCH, lambda pg, t: (pg.dsn(), t, ["k", "price"], {})),
@@ -142,9 +196,10 @@ def test_bad_input_fails_before_the_job_starts_naming_the_fix(postgres: Server, 
     with pytest.raises(PostgresSinkError) as info:
         flow.run(executor="inprocess", checkpoint_dir=str(tmp_path / "ck"))
     assert info.value.problem is problem and info.value.fatal
-    assert "wrong" not in str(info.value) and "s3cret" not in str(info.value)  # no password in messages
-    assert any(w in str(info.value) for w in ("start the server", "fix the user", "create it", "fix columns",
-                                              "add a primary key"))
+    text = str(info.value)
+    assert "wrong" not in text and "s3cr" not in text and "zzet" not in text  # no password in messages
+    assert any(w in text for w in ("start the server", "fix the user", "create it", "fix columns",
+                                   "add a primary key", "give a libpq string"))
 
 
 def free_port() -> int:

@@ -19,7 +19,7 @@ import pytest
 from abs_engine import Dataflow
 from abs_engine.testing import GatedSource, KillOnCheckpoints, TestingSource, fail_at
 from operators.base import OperatorContext
-from operators.epoch_sink import EpochSink
+from operators.epoch_sink import EpochSink, TableAheadError
 
 pa = pytest.importorskip("pyarrow")
 SCHEMA = pa.schema([("k", pa.string()), ("n", pa.int64()), ("label", pa.string())])
@@ -109,8 +109,11 @@ def test_a_replayed_epoch_is_skipped_and_a_fresh_run_is_not_an_old_one(tmp_path:
     again = sink(kind, tmp_path)
     again.open(ctx(1, True))
     again.restore(state2)  # both epochs are in the table already: nothing is written
-    again.restore(state1)
     assert sorted(rows_in(kind, tmp_path)) == [("a", 1, "x"), ("b", 2, "y")]
+    older = sink(kind, tmp_path)  # checkpoint 1, older than what the table holds: refused
+    older.open(ctx(2, True))
+    with pytest.raises(TableAheadError, match="newer than the checkpoint restored"):
+        older.restore(state1)
     fresh = sink(kind, tmp_path)  # a run started afresh counts from checkpoint 1 again
     fresh.open(ctx(0, False))
     fresh.process([("c", 3, "z")])
@@ -240,3 +243,20 @@ def test_a_batch_without_the_schemas_fields_fails_naming_them(tmp_path: Path, ki
         sink(kind, tmp_path), "table")
     with pytest.raises(Exception, match=r"without the column\(s\) \['label'\]"):
         flow.run(executor="inprocess", checkpoint_dir=str(tmp_path / "ck"))
+
+
+def test_a_delta_merge_key_may_be_any_column_name(tmp_path: Path) -> None:
+    pytest.importorskip("deltalake")
+    from operators.delta import DeltaSink
+
+    schema = pa.schema([("user-id", pa.string()), ("total n", pa.int64())])
+    items = [(f"u{i % 7}", i) for i in range(100)]
+    flow = Dataflow("quoted")
+    flow.source(TestingSource(items), "read").sink(
+        DeltaSink(str(tmp_path / "t"), schema, mode="merge", key=["user-id"]), "table")
+    flow.run(executor="inprocess", checkpoint_interval=0.001, checkpoint_dir=str(tmp_path / "ck"))
+    import deltalake
+
+    t = deltalake.DeltaTable(str(tmp_path / "t")).to_pyarrow_table()
+    got = sorted(zip(t.column("user-id").to_pylist(), t.column("total n").to_pylist()))
+    assert got == sorted({k: (k, n) for k, n in items}.values())
