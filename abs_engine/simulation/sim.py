@@ -157,7 +157,7 @@ class Sim:
             control, self.driver_ends[t] = memory_control()
             # Latency markers interleave with records and barriers as in a real job (runtime/latency.py).
             options = TaskOptions(unaligned=self.mode == "unaligned", aligned_timeout=self.aligned_timeout,
-                                  latency_interval=self.interval / 4)
+                                  latency_interval=self.interval)
             self.tasks[t] = Task(spec, chain, outputs, inputs, control,
                                  InlineWriter(control, t, self.put(t), self.clock.perf_counter), options,
                                  replay=replay, restored_finished=finished, clock=self.clock)
