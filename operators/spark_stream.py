@@ -112,7 +112,10 @@ class SparkStreamSource(Source[Any]):
     def _await_end(self) -> None:
         q = self._query
         q.awaitTermination()
-        if q.exception() is None:
+        # Stopped by driver_stop (the job was cancelled, stopped or crashed), not finished: the
+        # stream has not ended, and an END written now (perhaps after the next run's
+        # driver_start removed the old one) would end that run's sources early.
+        if self._query is q and q.exception() is None:
             last = getattr(self, "_last_staged", -1)
             for n in self._staged().list():
                 bid = _batch_id(n)
@@ -122,8 +125,8 @@ class SparkStreamSource(Source[Any]):
 
     def driver_stop(self) -> None:
         if self._query is not None:
-            self._query.stop()
-            self._query = None
+            q, self._query = self._query, None  # first: its waiter must not take this stop for the end
+            q.stop()
 
     def __getstate__(self) -> dict[str, Any]:
         return ({k: v for k, v in self.__dict__.items() if k not in ("_df", "_query", "_dir")}

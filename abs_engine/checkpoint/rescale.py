@@ -82,8 +82,16 @@ def _inflight(plan: Plan, index: int, parallelism: int, chain: tuple[str, ...],
         if not olds:
             continue  # it headed no old task: nothing was in flight into it at the cut
         same = len(olds) == parallelism
-        out.append(Inflight(op, (olds[index],) if same else tuple(olds), not same, plan.operator(op).keyed))
+        out.append(Inflight(op, (olds[index],) if same else tuple(olds), not same, _by_key(plan, op)))
     return tuple(out)
+
+
+def _by_key(plan: Plan, op: str) -> bool:
+    """Records in flight into ``op`` go by key group: it is keyed, or every regular input of
+    it is a hash edge (an operator after ``key_by`` that keeps no keyed state, a map or a
+    sink, gets a key's records on one subtask, as the live shuffle sends them)."""
+    inputs = [e for e in plan.edges if e.dst == op and not e.back_edge]
+    return plan.operator(op).keyed or (bool(inputs) and all(e.partition == "hash" for e in inputs))
 
 
 def _file(meta: Metadata, task: str) -> FileRef:

@@ -37,7 +37,8 @@ class SamePlan:
 class Inflight:
     """Channel state one operator of the new chain replays: what ``sources`` (old subtasks
     it headed) logged; ``route``: its parallelism changed, so each record goes to the
-    subtask that now owns it (by key group when ``keyed``, else every n-th)."""
+    subtask that now owns it (by key group when ``keyed``: the operator is keyed or all its
+    inputs are hash edges; else every n-th)."""
 
     operator: str
     sources: tuple[str, ...]

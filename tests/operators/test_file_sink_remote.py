@@ -17,6 +17,9 @@ from abs_engine.testing import GatedSource, KillOnCheckpoints, TestingSource, fa
 from operators import FileSink
 from operators.base import OperatorContext
 
+#: Real external systems (a server, a table format): the whole suite runs them, not the fast tier.
+pytestmark = pytest.mark.slow
+
 
 def lines_in(uri: str) -> collections.Counter[str]:
     store = fs.Store(uri)
@@ -64,7 +67,6 @@ def test_a_restore_rolls_back_objects_of_later_epochs(s3_server: Callable[[str],
     assert lines_in(out) == collections.Counter()
 
 
-@pytest.mark.slow
 def test_sigkills_of_workers_leave_every_line_once(s3_server: Callable[[str], str], tmp_path: Path) -> None:
     out, gate = s3_server("filesink-kills"), tmp_path / "gate"
     items = words(40_000)

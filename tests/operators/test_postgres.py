@@ -28,6 +28,9 @@ from .postgres_server import Server, postgres  # noqa: F401 - the fixture
 
 _names = itertools.count()
 
+#: Real external systems (a server, a table format): the whole suite runs them, not the fast tier.
+pytestmark = pytest.mark.slow
+
 
 def fresh_table(pg: Server, upsert: bool = False) -> str:
     name = f"t{os.getpid()}_{next(_names)}"
@@ -237,7 +240,6 @@ def gated_flow(sink: PostgresSink, items: list[Any], gate: Path, hold_after: int
     return flow
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("step", ["before", "inside", "after"])
 def test_a_sigkill_at_each_step_of_a_commit_loses_and_duplicates_nothing(postgres: Server, tmp_path: Path,
                                                                         step: str) -> None:
@@ -251,7 +253,6 @@ def test_a_sigkill_at_each_step_of_a_commit_loses_and_duplicates_nothing(postgre
     assert appended(postgres, table) == collections.Counter(items)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("upsert", [False, True])
 def test_sigkills_of_workers_leave_the_table_equal_to_the_oracle(postgres: Server, tmp_path: Path,
                                                                 upsert: bool) -> None:
@@ -271,7 +272,6 @@ def test_sigkills_of_workers_leave_the_table_equal_to_the_oracle(postgres: Serve
         assert appended(postgres, table) == collections.Counter(items)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_sigkills_of_the_supervised_driver_leave_the_table_equal_to_the_oracle(postgres: Server,
                                                                               tmp_path: Path) -> None:

@@ -282,3 +282,39 @@ def test_a_dataframe_of_a_stopped_session_is_a_clear_error_not_a_java_npe() -> N
         _jsc=SimpleNamespace(sc=lambda: stopped))))
     with pytest.raises(InputError, match="SparkSession that has been stopped since"):
         SparkSource(df).driver_start()
+
+
+def test_a_stopped_streaming_query_is_not_taken_for_the_end_of_the_stream(tmp_path):
+    """driver_stop (a cancelled or stopped job) ends the query; the thread waiting on it must
+    not write the end marker then: the next run would stop reading before the stream's end
+    (it once lost half a corpus when that thread ran after the next run had started)."""
+    import threading as _threading
+
+    from operators.spark_stream import END
+
+    class Query:
+        def __init__(self) -> None:
+            self.done = _threading.Event()
+
+        def awaitTermination(self) -> None:
+            self.done.wait()
+
+        def stop(self) -> None:
+            self.done.set()
+
+        def exception(self) -> None:
+            return None
+
+    for finished in (False, True):
+        src = object.__new__(SparkStreamSource)
+        src.staging, src._dir, src.available_now = str(tmp_path / f"s{finished}"), None, True
+        src._staged().make_root()
+        src._query = q = Query()
+        waiter = _threading.Thread(target=src._await_end)
+        waiter.start()
+        if finished:
+            q.stop()  # the query processed what was there and stopped by itself
+        else:
+            src.driver_stop()
+        waiter.join(10)
+        assert src._staged().exists(END) is finished

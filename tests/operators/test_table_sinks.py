@@ -25,6 +25,9 @@ pa = pytest.importorskip("pyarrow")
 SCHEMA = pa.schema([("k", pa.string()), ("n", pa.int64()), ("label", pa.string())])
 KINDS = ["delta", "iceberg"]
 
+#: Real external systems (a server, a table format): the whole suite runs them, not the fast tier.
+pytestmark = pytest.mark.slow
+
 
 def catalog(tmp_path: Path) -> dict[str, str]:
     return {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/warehouse"}
@@ -77,7 +80,7 @@ def flow_into(target: EpochSink, items: list[Any], *maps: Any, parallelism: int 
 def test_append_with_a_crash_in_process_equals_the_oracle(tmp_path: Path, kind: str) -> None:
     items = events(4_000)
     res = flow_into(sink(kind, tmp_path), items, fail_at(1_500)).run(
-        executor="inprocess", checkpoint_interval=0.01, checkpoint_dir=str(tmp_path / "ck"))
+        executor="inprocess", checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
     assert res.restarts == 1
     assert collections.Counter(rows_in(kind, tmp_path)) == collections.Counter(items)
 
@@ -86,7 +89,7 @@ def test_append_with_a_crash_in_process_equals_the_oracle(tmp_path: Path, kind: 
 def test_merge_keeps_the_last_row_of_each_key(tmp_path: Path, kind: str) -> None:
     items = events(3_000, keys=41)
     flow_into(sink(kind, tmp_path, merge=True), items, fail_at(1_000), parallelism=1).run(
-        executor="inprocess", checkpoint_interval=0.01, checkpoint_dir=str(tmp_path / "ck"))
+        executor="inprocess", checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
     last = {k: (k, n, label) for k, n, label in items}
     assert sorted(rows_in(kind, tmp_path)) == sorted(last.values())
 
@@ -186,7 +189,6 @@ def iceberg_kill_at_step() -> type:
     return kill_at_step(IcebergSink)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("step", ["before", "after"])
 def test_a_sigkill_before_and_after_a_commit_loses_and_duplicates_nothing(tmp_path: Path, kind: str,
@@ -202,7 +204,6 @@ def test_a_sigkill_before_and_after_a_commit_loses_and_duplicates_nothing(tmp_pa
     assert collections.Counter(rows_in(kind, tmp_path)) == collections.Counter(items)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("merge", [False, True])
 def test_sigkills_of_workers_leave_the_table_equal_to_the_oracle(tmp_path: Path, kind: str, merge: bool) -> None:
@@ -231,7 +232,7 @@ def test_record_batches_are_held_and_written_whole(tmp_path: Path, kind: str) ->
     flow = Dataflow("batches")
     (flow.source(TestingSource(batches, batch_size=1), "read", parallelism=2).map(fail_at(5), "crash")
      .sink(sink(kind, tmp_path), "table", parallelism=2))
-    res = flow.run(executor="inprocess", checkpoint_interval=0.01, checkpoint_dir=str(tmp_path / "ck"))
+    res = flow.run(executor="inprocess", checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
     assert res.restarts == 1
     assert collections.Counter(rows_in(kind, tmp_path)) == collections.Counter(items)
 
@@ -254,7 +255,7 @@ def test_a_delta_merge_key_may_be_any_column_name(tmp_path: Path) -> None:
     flow = Dataflow("quoted")
     flow.source(TestingSource(items), "read").sink(
         DeltaSink(str(tmp_path / "t"), schema, mode="merge", key=["user-id"]), "table")
-    flow.run(executor="inprocess", checkpoint_interval=0.001, checkpoint_dir=str(tmp_path / "ck"))
+    flow.run(executor="inprocess", checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
     import deltalake
 
     t = deltalake.DeltaTable(str(tmp_path / "t")).to_pyarrow_table()

@@ -150,3 +150,22 @@ def test_a_checkpoint_with_no_operator_in_common_is_refused_even_when_allowed():
     with pytest.raises(RescaleError) as info:
         restore_specs(flow.compile(), meta_of(plan(2)), "/ck", 128, allow_non_restored_state=True)
     assert "none of this dataflow's operators" in str(info.value)
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_channel_state_into_a_map_after_key_by_is_rerouted_by_key(keyed: bool) -> None:
+    """A map after key_by keeps no keyed state, but its input is a hash edge: what was in
+    flight into it goes to the subtask that now owns each key, as the live shuffle would send
+    it (every n-th record instead would split a key over subtasks). After rebalance: every n-th."""
+    def build(p: int):  # type: ignore[no-untyped-def]
+        flow = Dataflow("m", parallelism=p)
+        s = flow.source(TestingSource(["a"]), name="src", parallelism=1)
+        (s.key_by(lambda w: w) if keyed else s.rebalance()).map(str.upper, name="up").sink(
+            FileSink("/nonexistent/o"), name="sink")
+        return flow.compile()
+
+    old, new = build(2), build(3)
+    specs = restore_specs(new, meta_of(old), "/ck", 128)
+    ups = [specs[t.id] for t in new.tasks if t.chain == "up"]
+    assert all(isinstance(s, Rescale) and [(f.operator, f.route, f.keyed) for f in s.inflight] == [("up", True, keyed)]
+               for s in ups)
