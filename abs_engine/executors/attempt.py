@@ -317,44 +317,42 @@ class ProcessAttempt:
         lost_peer: list[tuple[WorkerFailure, messages.Failed]] = []
         for w in (workers or self.workers).values():
             code = w.proc.poll()
-            # Status 0 is judged on the control connection: EOF before Committed is a failure.
-            # A worker that already committed the final checkpoint has done all its work.
+            # Status 0 is judged on the control connection (EOF before Committed fails); a worker
+            # that committed the final checkpoint has done all its work.
             if code is None or code == 0 or w.task in self.committed:
                 continue
             words = self._last_words(w)
-            if words is not None and not words.collateral:
-                raise WorkerFailure.of(words)  # it said what went wrong (the poison-record rule needs it)
-            failure = WorkerFailure(w.task, None, f"worker process {w.proc.pid or '?'} {w.proc.describe_exit(code)}")
+            failure = self._failure_of(w, code, words)
             if words is None:
                 silent.append(failure)
-            else:
+            elif words.collateral:
                 lost_peer.append((failure, words))
+            else:
+                raise failure  # it said what went wrong (the poison-record rule needs it)
         if silent:
             raise silent[0]
         if lost_peer:
-            # Each of these died only because a peer went away: that peer's death is the failure,
-            # though its exit may not be seen yet (a SIGKILLed consumer, its sender noticing first).
+            # Died only for a lost peer: that peer's death (perhaps not seen yet) is the failure.
             failure, words = lost_peer[0]
             self.root_cause(exclude=failure.task, suspect=words.peer)
             raise failure
 
-    def _failure_of(self, w: Worker, code: int) -> WorkerFailure:
+    def _failure_of(self, w: Worker, code: int, words: messages.Failed | None = None) -> WorkerFailure:
         """Why a dead worker died: its own Failed message (operator, user traceback, fatal)
-        if it sent one before exiting, else its exit status."""
-        words = self._last_words(w)
+        if it sent one about itself (``words``, else read now), else its exit status."""
+        words = words or self._last_words(w)
         if words is not None and not words.collateral:
             return WorkerFailure.of(words)
         return WorkerFailure(w.task, None, f"worker process {w.proc.pid or '?'} {w.proc.describe_exit(code)}")
 
     def _last_words(self, w: Worker) -> messages.Failed | None:
         """The Failed message a dead worker sent about itself, if it is still unread."""
-        if w.wire is not None:
-            try:
-                while (data := w.wire.recv(1 << 20, socket.MSG_DONTWAIT)) != b"":
-                    if data is not None:
-                        w.reader.feed(data)
-            except OSError:
-                pass
+        try:
+            while w.wire is not None and (data := w.wire.recv(1 << 20, socket.MSG_DONTWAIT)) != b"":
+                if data is not None:
+                    w.reader.feed(data)
+        except OSError:
+            pass
         try:
             while (frame := w.reader.next_frame()) is not None:
                 m = messages.decode(frame[1])

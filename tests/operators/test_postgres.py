@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from operators.base import OperatorContext
 from operators.postgres import PostgresProblem, PostgresSink, PostgresSinkError
 
 from .postgres_server import Server, postgres  # noqa: F401 - the fixture
+from .sink_kills import KillAtStep
 
 _names = itertools.count()
 
@@ -213,22 +213,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class KillAtStep(PostgresSink):
-    """SIGKILLs its worker at ``step`` of its first commit, in the first attempt; the next
-    attempt opens ``gate``, which holds the source until then (so the job cannot end first)."""
-
-    def __init__(self, *args: Any, step: str, gate: str, **kw: Any):
-        super().__init__(*args, **kw)
-        self.kill_step, self.gate = step, gate
-
-    def open(self, ctx: OperatorContext) -> None:
-        super().open(ctx)
-        if ctx.attempt > 0:
-            Path(self.gate).touch()
-
-    def _step(self, step: str) -> None:
-        if step == self.kill_step and self.ctx.attempt == 0:
-            os.kill(os.getpid(), signal.SIGKILL)
+class KillingPostgresSink(KillAtStep, PostgresSink):
+    pass
 
 
 def gated_flow(sink: PostgresSink, items: list[Any], gate: Path, hold_after: int, parallelism: int,
@@ -246,7 +232,7 @@ def test_a_sigkill_at_each_step_of_a_commit_loses_and_duplicates_nothing(postgre
     table = fresh_table(postgres)
     items = events(20_000)
     gate = tmp_path / "gate"
-    sink = KillAtStep(postgres.dsn(), table, ["k", "n", "label"], step=step, gate=str(gate))
+    sink = KillingPostgresSink(postgres.dsn(), table, ["k", "n", "label"], step=step, gate=str(gate))
     res = gated_flow(sink, items, gate, 4_000, 2, f"step-{step}").run(
         checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
     assert res.restarts >= 1 and gate.exists()

@@ -9,8 +9,6 @@ table without the schema's fields fails before the job starts."""
 from __future__ import annotations
 
 import collections
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,11 @@ import pytest
 from abs_engine import Dataflow
 from abs_engine.testing import GatedSource, KillOnCheckpoints, TestingSource, fail_at
 from operators.base import OperatorContext
+from operators.delta import DeltaSink
 from operators.epoch_sink import EpochSink, TableAheadError
+from operators.iceberg import IcebergSink
+
+from .sink_kills import KillAtStep
 
 pa = pytest.importorskip("pyarrow")
 SCHEMA = pa.schema([("k", pa.string()), ("n", pa.int64()), ("label", pa.string())])
@@ -156,37 +158,12 @@ def test_a_record_that_is_not_a_row_fails_naming_it(tmp_path: Path, kind: str) -
         flow.run(executor="inprocess", checkpoint_dir=str(tmp_path / "ck"))
 
 
-def kill_at_step(base: type) -> type:
-    class KillAtStep(base):  # type: ignore[misc, valid-type]
-        """SIGKILLs its worker at ``step`` of its first commit in the first attempt; the next
-        attempt opens ``gate``, which holds the source until then."""
-
-        def __init__(self, *args: Any, step: str, gate: str, **kw: Any):
-            super().__init__(*args, **kw)
-            self.kill_step, self.gate = step, gate
-
-        def open(self, ctx: OperatorContext) -> None:
-            super().open(ctx)
-            if ctx.attempt > 0:
-                Path(self.gate).touch()
-
-        def _step(self, step: str) -> None:
-            if step == self.kill_step and self.ctx.attempt == 0:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    return KillAtStep
+class KillingDeltaSink(KillAtStep, DeltaSink):
+    pass
 
 
-def delta_kill_at_step() -> type:
-    from operators.delta import DeltaSink
-
-    return kill_at_step(DeltaSink)
-
-
-def iceberg_kill_at_step() -> type:
-    from operators.iceberg import IcebergSink
-
-    return kill_at_step(IcebergSink)
+class KillingIcebergSink(KillAtStep, IcebergSink):
+    pass
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -196,7 +173,7 @@ def test_a_sigkill_before_and_after_a_commit_loses_and_duplicates_nothing(tmp_pa
     gate = tmp_path / "gate"
     items = events(10_000)
     sink(kind, tmp_path)  # (skips if the format's library is missing)
-    cls = delta_kill_at_step() if kind == "delta" else iceberg_kill_at_step()
+    cls = KillingDeltaSink if kind == "delta" else KillingIcebergSink
     target = sink(kind, tmp_path, cls=cls, step=step, gate=str(gate))
     res = flow_into(target, items, name=f"step-{step}", gate=gate, hold_after=2_000).run(
         checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
