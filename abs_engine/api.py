@@ -109,6 +109,13 @@ class Dataflow:
                              f"Dataflow.source(): watermarks= takes a BoundedOutOfOrderness, got "
                              f"{type(watermarks).__name__}")
         _on_error(on_error)
+        limit = source.max_subtasks
+        if limit is not None and parallelism is not None and parallelism > limit:
+            raise GraphError(GraphErrorReason.BAD_ARGUMENT,
+                             f"Dataflow.source(): {type(source).__name__} can be read by at most {limit} subtask(s), "
+                             f"not {parallelism}: give it parallelism={limit} (or leave parallelism out)")
+        if limit is not None and parallelism is None:
+            parallelism = min(limit, self.graph.default_parallelism)
         if on_error != "fail" and timestamps is None:
             raise GraphError(GraphErrorReason.BAD_ARGUMENT,
                              "Dataflow.source(): on_error= applies to the timestamps= function; without one "

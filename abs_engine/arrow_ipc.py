@@ -44,7 +44,7 @@ def encode(obj: Any) -> msgpack.ExtType:
 def decode(code: int, data: bytes) -> Any:
     """msgpack's ``ext_hook``: the RecordBatch of an ``ARROW_BATCH`` extension."""
     if code != ARROW_BATCH:
-        raise ValueError(f"unknown msgpack extension type {code} (this version knows {ARROW_BATCH}: Arrow batches)")
+        raise ValueError(f"unknown msgpack extension type {code} (this version knows {ARROW_BATCH}: Arrow batches, 2: change records)")
     import pyarrow as pa
 
     try:

@@ -6,6 +6,8 @@ Invariants:
   a list a user emits arrives downstream as a tuple. In operator state (``unpack_state``)
   arrays decode as lists, as the operator snapshotted them, except map keys (tuples).
   Maps may have non-string keys.
+- Two msgpack extensions carry typed records: ``pyarrow.RecordBatch`` (arrow_ipc.py) and
+  ``Change`` (changes.py); anything else msgpack cannot encode raises TypeError.
 - A frame on the wire is ``!IB`` (payload length, kind) followed by the payload.
 - Arrow record batches (``pyarrow.RecordBatch`` records) travel as a msgpack extension
   holding an Arrow IPC stream (arrow_ipc.py): columnar, never converted row by row.
@@ -21,14 +23,28 @@ from typing import Any
 
 import msgpack
 
-from .arrow_ipc import decode as _ext_hook
-from .arrow_ipc import encode as _default
+from . import arrow_ipc
+from .changes import CHANGE, Change
 from .errors import ProtocolError, ProtocolErrorReason
 
 HEADER = struct.Struct("!IB")
 HEADER_SIZE = HEADER.size
 MAX_FRAME = 256 << 20  #: data frames (record batches); a batch is split long before this
 MAX_CONTROL_FRAME = 16 << 20  #: what the driver accepts from a worker (acks, failures, counts)
+
+
+def _default(obj: Any) -> msgpack.ExtType:
+    """msgpack's ``default`` hook: the typed records as extensions, else TypeError."""
+    if type(obj) is Change:
+        return obj.encode()
+    return arrow_ipc.encode(obj)
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    """msgpack's ``ext_hook``: a Change or a RecordBatch; ValueError for anything else."""
+    if code == CHANGE:
+        return Change.decode(data)
+    return arrow_ipc.decode(code, data)
 
 
 class FrameKind:

@@ -205,6 +205,9 @@ class Source(Guarded, ABC, Generic[T]):
     #: Spark task slots it occupies while the job runs (a Spark source reads through jobs of its own).
     spark_slots: int = 0
     incremental: bool = False  #: (sources keep offsets, written whole)
+    #: The most subtasks it can be read by (None: any): ``Dataflow.source`` gives it this many
+    #: when no parallelism is asked for, and refuses more (a replication slot is one stream).
+    max_subtasks: int | None = None
     preload: tuple[str, ...] = ()  #: as Operator.preload
 
     #: The source tracks event time: after each read the task asks ``watermark_status``
@@ -270,6 +273,7 @@ class WrappingSource(Source[T], Generic[T]):
         self.inner = inner
         self.spark_slots = inner.spark_slots
         self.preload = inner.preload
+        self.max_subtasks = inner.max_subtasks
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)

@@ -30,6 +30,8 @@ import secrets
 import psycopg
 from typing import Any, Callable, Sequence
 
+from abs_engine.changes import Change
+
 from . import postgres_schema, postgres_write
 from .base import OperatorContext, Sink
 from .postgres_schema import PostgresProblem, PostgresSinkError
@@ -56,6 +58,11 @@ class PostgresSink(Sink):
     ``mode``: ``"append"`` (every row inserted) or ``"upsert"`` (``key``: the columns of a
     unique index; a row replaces the one with its key, the last of an epoch winning; send a
     key's rows to one subtask, with ``key_by``, so that their order is the stream's).
+
+    In upsert mode a ``Change`` record (abs_engine.changes, from ``PostgresCDCSource``) is
+    applied as such: a snapshot row, insert or update replaces the row of its key (an update
+    that moved the key deletes the old one), a delete deletes it. A ``TRUNCATE`` change is
+    refused (as a record error): it cannot be applied key by key.
 
     ``progress_table``: where the commits are recorded (created if missing). A job is known
     there by its dataflow's name: two jobs of one name must not write one table at once. A
@@ -122,12 +129,15 @@ class PostgresSink(Sink):
         for record in batch:
             try:
                 value = self.to_row(record) if self.to_row is not None else record
+                if isinstance(value, Change):
+                    self.buffer.extend(postgres_write.change_rows(value, self.columns, self.key, self.mode))
+                    continue
                 row = [value[c] for c in self.columns] if isinstance(value, dict) else list(value)
                 if len(row) != n:
                     raise ValueError(f"a row of {len(row)} values for the {n} columns {list(self.columns)}")
             except Exception as e:
                 self.record_failed(record, function_label("to_row", self.to_row) if self.to_row is not None
-                                   else f"sink {self.ctx.operator!r} (a record must be a row)", e)
+                                   else f"sink {self.ctx.operator!r} (a record must be a row or a change)", e)
                 continue
             self.buffer.append(row)
         return []

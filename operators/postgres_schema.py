@@ -1,5 +1,6 @@
-"""PostgreSQL connections and the checks a sink makes before a job starts (operators/postgres.py):
-each failure a ``PostgresSinkError`` with its ``PostgresProblem`` and the fix.
+"""PostgreSQL connections and the checks a sink (operators/postgres.py) and the change data
+capture source (operators/postgres_cdc.py) make before a job starts: each failure a
+``PostgresSinkError`` or ``PostgresSourceError`` with its ``PostgresProblem`` and the fix.
 
 Invariant: no error message carries the connection string's password (``describe`` is what
 names a server).
@@ -25,16 +26,34 @@ class PostgresProblem(enum.Enum):
     NO_UNIQUE_KEY = "no unique key"
     REJECTED_ROW = "rejected row"  #: the server refused a row (a type, a constraint)
     AHEAD_OF_CHECKPOINT = "ahead of checkpoint"  #: the table holds epochs newer than the one restored
+    # the change data capture source
+    NO_LOGICAL_WAL = "wal_level is not logical"
+    NO_REPLICATION = "no replication privilege"
+    NO_REPLICA_IDENTITY = "no replica identity"  #: updates and deletes of the table cannot be published
+    MISSING_PUBLICATION = "missing publication"
+    SLOT_EXISTS = "slot exists"  #: a slot of that name that this source did not make
+    SLOT_DROPPED = "slot dropped"
+    SLOT_AHEAD = "slot ahead of checkpoint"  #: the slot moved past the position restored
+    CORRUPT_STAGING = "corrupt staging"
+    PROTOCOL = "replication protocol"  #: the stream held something this decoder does not know
 
 
-class PostgresSinkError(InputError):
-    """The sink cannot write where it was pointed; retrying cannot help (``fatal``)."""
+class PostgresError(InputError):
+    """A PostgreSQL connector cannot work as pointed; retrying cannot help (``fatal``)."""
 
     fatal = True
 
     def __init__(self, problem: PostgresProblem, message: str):
         super().__init__(message)
         self.problem = problem
+
+
+class PostgresSinkError(PostgresError):
+    """The sink cannot write where it was pointed."""
+
+
+class PostgresSourceError(PostgresError):
+    """The change data capture source cannot read what it was pointed at."""
 
 
 def describe(dsn: str) -> str:
@@ -46,7 +65,8 @@ def describe(dsn: str) -> str:
     return f"{d.get('user', '')}@{d.get('host', 'localhost')}:{d.get('port', '5432')}/{d.get('dbname', '')}"
 
 
-def connect(dsn: str, timeout: float, where: str, fatal: bool = True) -> psycopg.Connection[Any]:
+def connect(dsn: str, timeout: float, where: str, fatal: bool = True,
+            error: type[PostgresError] = PostgresSinkError) -> psycopg.Connection[Any]:
     """A connection to ``dsn`` (waiting at most ``timeout`` seconds), or the typed error.
     ``fatal=False`` (a worker): a server that does not answer is a ConnectionError, which
     the job restarts on, not the fatal error the driver's check gives before the start."""
@@ -54,22 +74,22 @@ def connect(dsn: str, timeout: float, where: str, fatal: bool = True) -> psycopg
         return psycopg.connect(dsn, connect_timeout=max(1, int(timeout)))
     except psycopg.ProgrammingError:
         # (libpq's parse errors quote the string, password and all: not repeated here)
-        raise PostgresSinkError(PostgresProblem.UNREACHABLE, "the PostgreSQL connection string cannot be parsed: "
-                                                             "give a libpq string or a postgresql:// URI") from None
+        raise error(PostgresProblem.UNREACHABLE, "the PostgreSQL connection string cannot be parsed: "
+                                                 "give a libpq string or a postgresql:// URI") from None
     except psycopg.OperationalError as e:
         text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         if not fatal and "password authentication failed" not in text:
             raise ConnectionError(f"cannot reach PostgreSQL at {where} ({text})") from None
         if "password authentication failed" in text or "no password supplied" in text:
-            raise PostgresSinkError(PostgresProblem.AUTHENTICATION,
-                                    f"PostgreSQL at {where} refused the credentials ({text}): fix the user or "
-                                    "password in the connection string") from None
+            raise error(PostgresProblem.AUTHENTICATION,
+                        f"PostgreSQL at {where} refused the credentials ({text}): fix the user or "
+                        "password in the connection string") from None
         if "does not exist" in text and "database" in text:
-            raise PostgresSinkError(PostgresProblem.MISSING_TABLE,
-                                    f"PostgreSQL at {where}: {text}: create the database or fix its name") from None
-        raise PostgresSinkError(PostgresProblem.UNREACHABLE,
-                                f"cannot reach PostgreSQL at {where} ({text}): start the server, or fix the host and "
-                                "port in the connection string") from None
+            raise error(PostgresProblem.MISSING_TABLE,
+                        f"PostgreSQL at {where}: {text}: create the database or fix its name") from None
+        raise error(PostgresProblem.UNREACHABLE,
+                    f"cannot reach PostgreSQL at {where} ({text}): start the server, or fix the host and "
+                    "port in the connection string") from None
 
 
 def quoted(conn: psycopg.Connection[Any], name: str) -> str:

@@ -13,7 +13,11 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from abs_engine.changes import Change, ChangeKind
 from abs_engine.errors import FencedOut
+
+#: A row one longer than the sink's columns is a delete of its key (the last element marks it).
+DELETE = True
 
 
 def lock_progress(cur: psycopg.Cursor[Any], progress: str, ident: tuple[str, str, str, int], owner: str) -> int:
@@ -50,6 +54,31 @@ def ahead(table: str, ident: tuple[str, str, str, int], committed: int, restored
             "start the job afresh")
 
 
+def change_rows(change: Change, columns: Sequence[str], key: Sequence[str], mode: str) -> list[list[Any]]:
+    """The rows an upsert sink writes for ``change``: the new row, and/or a delete row
+    (``columns`` long plus the DELETE mark) for the key it removes; ValueError naming what
+    is missing."""
+    if mode != "upsert":
+        raise ValueError("change records need mode='upsert' (with key=), which applies updates and deletes")
+    if change.kind is ChangeKind.TRUNCATE:
+        raise ValueError(f"a TRUNCATE of {change.table} cannot be applied key by key: empty the table yourself, "
+                         "or filter truncates out before the sink")
+    out: list[list[Any]] = []
+    if change.kind is ChangeKind.DELETE or change.moved_key:
+        missing = [k for k in key if k not in change.key]
+        if missing:
+            raise ValueError(f"the change of {change.table} identifies its row by {list(change.key)}, not by the "
+                             f"sink's key {list(key)} (missing {missing}): map it with to_row=")
+        out.append([change.key.get(c) for c in columns] + [DELETE])
+    if change.row is not None:
+        missing = [c for c in columns if c not in change.row]
+        if missing:
+            raise ValueError(f"the change of {change.table} carries no {missing} (its columns: {list(change.row)}): "
+                             "fix columns= or map it with to_row=")
+        out.append([change.row[c] for c in columns])
+    return out
+
+
 def write(cur: psycopg.Cursor[Any], target: str, columns: Sequence[str], mode: str, key: Sequence[str],
           rows: list[list[Any]]) -> None:
     """``rows`` into ``target``: COPY (append), or COPY into a temporary table and one
@@ -64,13 +93,19 @@ def write(cur: psycopg.Cursor[Any], target: str, columns: Sequence[str], mode: s
     last: dict[tuple[Any, ...], list[Any]] = {}
     for r in rows:
         last[tuple(r[i] for i in at)] = r  # (an upsert may not touch one row twice in a statement)
+    gone = [r for r in last.values() if len(r) > len(columns)]
+    if gone:
+        _delete(cur, target, key, [[r[i] for i in at] for r in gone])
+    upserts = [r for r in last.values() if len(r) == len(columns)]
+    if not upserts:
+        return
     stage = sql.Identifier("abs_engine_stage")
     # (only the sink's columns, without the target's constraints: an identity key the rows do
     # not carry must not make the staging table refuse them)
     cur.execute(sql.SQL("CREATE TEMPORARY TABLE IF NOT EXISTS {} ON COMMIT DELETE ROWS AS SELECT {} FROM {} "
                         "WITH NO DATA").format(stage, cols, sql.SQL(target)))
     with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, cols)) as copy:
-        for r in last.values():
+        for r in upserts:
             copy.write_row(adapted(r))
     others = [c for c in columns if c not in key]
     action = (sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
@@ -78,3 +113,16 @@ def write(cur: psycopg.Cursor[Any], target: str, columns: Sequence[str], mode: s
         if others else sql.SQL("DO NOTHING"))
     cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
         sql.SQL(target), cols, cols, stage, sql.SQL(", ").join(sql.Identifier(k) for k in key), action))
+
+
+def _delete(cur: psycopg.Cursor[Any], target: str, key: Sequence[str], keys: list[list[Any]]) -> None:
+    """The rows of ``keys`` deleted from ``target`` (COPY into a temporary table, one DELETE)."""
+    cols = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+    gone = sql.Identifier("abs_engine_gone")
+    cur.execute(sql.SQL("CREATE TEMPORARY TABLE IF NOT EXISTS {} ON COMMIT DELETE ROWS AS SELECT {} FROM {} "
+                        "WITH NO DATA").format(gone, cols, sql.SQL(target)))
+    with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(gone, cols)) as copy:
+        for k in keys:
+            copy.write_row(adapted(k))
+    cur.execute(sql.SQL("DELETE FROM {} t USING {} g WHERE {}").format(sql.SQL(target), gone, sql.SQL(" AND ").join(
+        sql.SQL("t.{} = g.{}").format(sql.Identifier(k), sql.Identifier(k)) for k in key)))

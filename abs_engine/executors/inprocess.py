@@ -97,7 +97,9 @@ class InProcessAttempt:
         if failed is None:
             raise e
         self.failed.append((task, failed))
-        self.tasks.pop(task, None)
+        gone = self.tasks.pop(task, None)
+        if gone is not None:
+            gone.chain.close()
 
     # ---- running ----------------------------------------------------------------------------
 
@@ -182,6 +184,8 @@ class InProcessAttempt:
         return None
 
     def close(self) -> None:
+        for task in self.tasks.values():
+            task.chain.close()  # (connections an operator holds: this thread runs on)
         self.tasks.clear()
         for k, v in getattr(self, "saved_env", {}).items():
             if v is None:

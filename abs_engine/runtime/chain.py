@@ -103,3 +103,13 @@ class Chain:
     def notify_complete(self, checkpoint_id: int) -> None:
         for name, op in self.all_operators():
             self.call(name, op.notify_checkpoint_complete, checkpoint_id)
+
+    def close(self) -> None:
+        """Every operator's ``close()``, when the task ends however it ended: best effort (an
+        operator that never opened, or whose close fails, is passed over: it must not mask
+        why the task ended)."""
+        for _, op in self.all_operators():
+            try:
+                op.close()
+            except Exception:  # noqa: BLE001 - see the docstring
+                pass

@@ -100,6 +100,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
     control.send(messages.Running(task_id))
     task.run()
     writer.flush()
+    chain.close()  # (a failing task exits without: the process going frees what it held)
 
 
 def _report(control: ControlLink, failed: messages.Failed | None) -> None:
