@@ -133,6 +133,37 @@ class GatedSource(WrappingSource[T], Generic[T]):
         return {"inner": inner, "read": max((int(s["read"]) for s in old if s), default=0)}
 
 
+class PacedSource(WrappingSource[T], Generic[T]):
+    """``inner``'s batches, one per checkpoint: after a batch each subtask reads nothing until
+    a checkpoint has snapshotted it (it answers triggers meanwhile), so every epoch holds
+    exactly one batch, however fast the job runs. For tests that need many epochs."""
+
+    __test__ = False
+
+    def __init__(self, inner: Source[T]):
+        super().__init__(inner)
+        self.waiting = False
+
+    def read_batch(self) -> list[T] | None:
+        if self.waiting:
+            time.sleep(0.001)  # an idle source polls (as GatedSource does); not synchronisation
+            return []
+        batch = self.inner.read_batch()
+        self.waiting = bool(batch)
+        return batch
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        self.waiting = False
+        return self.inner.snapshot(checkpoint_id)
+
+    def restore(self, state: Any) -> None:
+        self.inner.restore(state)
+        self.waiting = False
+
+    def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Any) -> Any:
+        return self.inner.rescale_state(old, index, parallelism, owns)
+
+
 def _msgpack_line(record: Any) -> str:
     return codec.pack(record).hex()
 
