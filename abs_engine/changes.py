@@ -45,7 +45,7 @@ class Change:
     row: dict[str, Any] | None  #: the row after the change; None for a delete or a truncate
     key: dict[str, Any]  #: the replica identity's columns (before the change, for a delete or a key move)
     before: dict[str, Any] | None = None  #: the old row or old key, when the server sent it
-    lsn: int = 0  #: the end LSN of the change's transaction (0: a snapshot row)
+    lsn: int = 0  #: the commit LSN of the change's transaction (0: a snapshot row)
     committed: float | None = None  #: the transaction's commit time (UNIX seconds); None: a snapshot row
 
     @property

@@ -61,8 +61,10 @@ class PostgresSink(Sink):
 
     In upsert mode a ``Change`` record (abs_engine.changes, from ``PostgresCDCSource``) is
     applied as such: a snapshot row, insert or update replaces the row of its key (an update
-    that moved the key deletes the old one), a delete deletes it. A ``TRUNCATE`` change is
-    refused (as a record error): it cannot be applied key by key.
+    that moved the key deletes the old one; one that left large TOASTed values unchanged sets
+    only the columns it carries), a delete deletes it. A ``TRUNCATE`` change is refused (as a
+    record error): it cannot be applied key by key. One sink writes one table: filter a
+    source of several tables by ``Change.table`` before it.
 
     ``progress_table``: where the commits are recorded (created if missing). A job is known
     there by its dataflow's name: two jobs of one name must not write one table at once. A
@@ -86,9 +88,9 @@ class PostgresSink(Sink):
         self.dsn, self.table, self.columns = dsn, table, tuple(columns)
         self.mode, self.key, self.to_row = mode, tuple(key), to_row
         self.progress_table, self.connect_timeout = progress_table, connect_timeout
-        self.buffer: list[list[Any]] = []
+        self.buffer: list[Any] = []  #: rows (lists), delete rows (one longer) and partial updates (dicts)
         self.restored_from: int | None = None  #: the checkpoint restored (None: none, or not known)
-        self.pending: list[tuple[int, list[list[Any]]]] = []  #: (checkpoint id, rows) not yet committed
+        self.pending: list[tuple[int, list[Any]]] = []  #: (checkpoint id, rows) not yet committed
 
     # ---- the driver -------------------------------------------------------------------------
 
@@ -149,7 +151,8 @@ class PostgresSink(Sink):
         return {"pending": [[cid, rows] for cid, rows in self.pending], "checkpoint": checkpoint_id}
 
     def restore(self, state: Any) -> None:
-        self.pending = [(int(cid), [list(r) for r in rows]) for cid, rows in state["pending"]]
+        self.pending = [(int(cid), [r if isinstance(r, dict) else list(r) for r in rows])
+                        for cid, rows in state["pending"]]
         self.buffer = []
         self.restored_from = int(state["checkpoint"]) if "checkpoint" in state else None
         self._commit(None)  # recover-and-commit: every epoch of a completed checkpoint

@@ -35,7 +35,7 @@ from abs_engine import fs
 from abs_engine.changes import Change, ChangeKind
 from abs_engine.errors import InputError
 
-from . import pgoutput, postgres_schema, postgres_slot
+from . import pgoutput, postgres_cdc_checks, postgres_schema, postgres_slot
 from .base import OperatorContext, Source
 from .postgres_schema import PostgresProblem, PostgresSourceError
 from .postgres_slot import CHUNK_ROWS, Manifest, TableShape
@@ -49,7 +49,8 @@ _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 def stop_stream(dsn: str, slot: str) -> str:
     """End the source reading ``slot`` at this point of the stream: it emits every change
-    committed before this call returns, then finishes (the job ends when its other sources
+    committed before the marker this writes (everything committed before the call, and
+    perhaps some committed during it), then finishes (the job ends when its other sources
     have). Returns the marker's LSN. Used to drain a job, and by the tests.
 
     The slot must exist (the job has started): a marker written before it would never be
@@ -115,10 +116,9 @@ class PostgresCDCSource(Source[Change]):
     def check(self) -> None:
         """The server, the credentials, logical WAL, the replication privilege, the tables
         and their replica identity, the publication (created if it is the source's own)."""
-        from .postgres_cdc_checks import check_source
-
         with self._connect() as conn:
-            check_source(conn, self.tables, self.publication, self.owns_publication, self._where())
+            postgres_cdc_checks.check_source(conn, self.tables, self.publication, self.owns_publication,
+                                             self._where())
 
     def driver_start(self) -> None:
         """Stage the snapshot and create the slot, unless this staging location holds them."""
@@ -135,11 +135,12 @@ class PostgresCDCSource(Source[Change]):
                 if position is None:
                     raise PostgresSourceError(PostgresProblem.SLOT_DROPPED,
                                               postgres_slot.dropped(self.slot, self._where(), manifest.lsn))
-                names = [t.table for t in manifest.tables]
-                if len(names) != len(self.tables):
+                names = sorted(t.table for t in manifest.tables)
+                wanted = sorted(postgres_cdc_checks.resolved(conn, self.tables))
+                if names != wanted:
                     raise PostgresSourceError(PostgresProblem.CORRUPT_STAGING, (
-                        f"{staged.show()} holds a snapshot of {names}, and this source reads {list(self.tables)}: "
-                        "to read other tables start afresh (a new slot and staging location)"))
+                        f"{staged.show()} holds a snapshot of {names}, and this source reads {wanted}: to read other "
+                        "tables start afresh (a new slot and staging location)"))
                 return
             if position is not None:
                 if not self._made_here():
@@ -180,6 +181,7 @@ class PostgresCDCSource(Source[Change]):
                 f"{self._staged().show(postgres_slot.MANIFEST)} is missing: the staged snapshot was removed while "
                 "the job ran; start afresh (drop the slot, empty the staging location)"))
         self.manifest = manifest
+        self._shapes = {t.table: t for t in manifest.tables}
         self.chunk, self.row, self.lsn, self.skip = 0, 0, manifest.lsn, 0
         self.rows: list[list[Any]] | None = None  #: the chunk being read
         self._stream: postgres_slot.Stream | None = None
@@ -292,11 +294,16 @@ class PostgresCDCSource(Source[Change]):
             raise pgoutput.ProtocolViolation(f"a change of relation {oid}, which the stream never described") from None
 
     def _changes(self, m: pgoutput.RowChange | pgoutput.Truncate) -> list[Change]:
+        """The changes of ``m`` to the tables this source reads (a publication may cover more:
+        the others are passed over, every time alike)."""
         lsn, committed = self._txn if self._txn is not None else (0, None)
         if isinstance(m, pgoutput.Truncate):
-            return [Change(ChangeKind.TRUNCATE, self._relation(oid).table, None, {}, None, lsn, committed)
-                    for oid in m.relations]
+            return [Change(ChangeKind.TRUNCATE, t, None, {}, None, lsn, committed)
+                    for t in (self._relation(oid).table for oid in m.relations) if t in self._shapes]
         rel = self._relation(m.relation)
+        shape = self._shapes.get(rel.table)
+        if shape is None:
+            return []
         old = dict(zip(rel.columns, m.old)) if m.old is not None else None
         new = dict(zip(rel.columns, m.new)) if m.new is not None else None
         if new is not None:
@@ -307,14 +314,14 @@ class PostgresCDCSource(Source[Change]):
                     else:
                         del new[c]
         basis = old if old is not None else new or {}
-        key = {c: basis.get(c) for c in rel.key}
+        key = {c: basis.get(c) for c in shape.key}  # (the primary key, also under REPLICA IDENTITY FULL)
         before = {c: v for c, v in old.items() if not m.old_is_key or c in rel.key} if old is not None else None
         kind = {"insert": ChangeKind.INSERT, "update": ChangeKind.UPDATE, "delete": ChangeKind.DELETE}[m.kind]
         if kind is ChangeKind.UPDATE and new is not None and any(new.get(c, v) != v for c, v in key.items()):
             # The key moved: a delete of the old key and an insert of the new row, each keyed
             # by its own key, so that a stream keyed by ``key`` keeps every key's order.
             return [Change(ChangeKind.DELETE, rel.table, None, key, before, lsn, committed),
-                    Change(ChangeKind.INSERT, rel.table, new, {c: new.get(c) for c in rel.key}, None, lsn,
+                    Change(ChangeKind.INSERT, rel.table, new, {c: new.get(c) for c in shape.key}, None, lsn,
                            committed)]
         return [Change(kind, rel.table, new, key, before, lsn, committed)]
 

@@ -36,6 +36,7 @@ class PostgresProblem(enum.Enum):
     SLOT_AHEAD = "slot ahead of checkpoint"  #: the slot moved past the position restored
     CORRUPT_STAGING = "corrupt staging"
     PROTOCOL = "replication protocol"  #: the stream held something this decoder does not know
+    UNSUPPORTED = "unsupported"  #: a database this source cannot read (not UTF8)
 
 
 class PostgresError(InputError):

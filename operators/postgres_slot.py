@@ -35,7 +35,20 @@ from .postgres_schema import PostgresProblem, PostgresSourceError
 MANIFEST, CREATING = "_snapshot", "_creating"
 CHUNK_ROWS = 20_000  #: rows per staged chunk file
 MAX_CHUNK_BYTES = 1 << 30  #: a staged chunk larger than this is refused unread
+CHUNK_BYTES = 64 << 20  #: and at most about this many bytes of values per chunk
 STATUS_EVERY = 10.0  #: seconds between status updates (the server drops a silent client at wal_sender_timeout)
+#: The session settings that decide how values are written as text: the same for the snapshot
+#: (read in the driver) and the stream (in a worker), whatever either's environment says.
+SESSION = ("-c client_encoding=UTF8 -c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=postgres "
+           "-c extra_float_digits=1 -c bytea_output=hex")
+
+
+def pinned(dsn: str) -> dict[str, Any]:
+    """psycopg.connect's keyword arguments that pin SESSION (after any options of ``dsn``)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    given = str(conninfo_to_dict(dsn).get("options") or "")
+    return {"options": f"{given} {SESSION}".strip()}
 
 
 @dataclass(frozen=True)
@@ -75,32 +88,43 @@ class Manifest:
 
 
 def shape(cur: psycopg.Cursor[Any], table: str) -> TableShape:
-    """The columns the stream carries (not generated ones) and the replica identity, as
-    pgoutput's Relation message will describe them."""
-    cur.execute("SELECT a.attname, a.atttypid, c.relreplident = 'f' OR coalesce(a.attnum = ANY(i.indkey), false), "
-                "n.nspname, c.relname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
-                "JOIN pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_index i ON i.indrelid = c.oid AND "
-                "((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident)) "
+    """The columns the stream carries (not generated ones) and the row's key: the primary key
+    when there is one (also under REPLICA IDENTITY FULL, where the stream flags every column),
+    else the replica identity index, else (FULL without a key) every column."""
+    cur.execute("SELECT a.attname, a.atttypid, coalesce(a.attnum = ANY(p.indkey), false), "
+                "coalesce(a.attnum = ANY(i.indkey), false), n.nspname, c.relname "
+                "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "LEFT JOIN pg_index p ON p.indrelid = c.oid AND p.indisprimary "
+                "LEFT JOIN pg_index i ON i.indrelid = c.oid AND c.relreplident = 'i' AND i.indisreplident "
                 "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' "
                 "ORDER BY a.attnum", (table,))
     rows = cur.fetchall()
-    return TableShape(f"{rows[0][3]}.{rows[0][4]}", tuple(r[0] for r in rows), tuple(int(r[1]) for r in rows),
-                      tuple(r[0] for r in rows if r[2]))
+    key = [r[0] for r in rows if r[2]] or [r[0] for r in rows if r[3]] or [r[0] for r in rows]
+    return TableShape(f"{rows[0][4]}.{rows[0][5]}", tuple(r[0] for r in rows), tuple(int(r[1]) for r in rows),
+                      tuple(key))
 
 
 def slot_position(conn: psycopg.Connection[Any], slot: str) -> int | None:
-    """The slot's confirmed position, or None if there is no such slot."""
-    row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+    """The slot's confirmed position, or None if there is no such slot; SLOT_DROPPED if the
+    server invalidated it (it kept more WAL than ``max_slot_wal_keep_size`` allows)."""
+    row = conn.execute("SELECT confirmed_flush_lsn::text, wal_status FROM pg_replication_slots WHERE slot_name = %s",
                        (slot,)).fetchone()
     conn.rollback()
     if row is None:
         return None
+    if row[1] == "lost":
+        raise PostgresSourceError(PostgresProblem.SLOT_DROPPED, (
+            f"replication slot {slot!r} was invalidated by the server (it held more WAL than max_slot_wal_keep_size "
+            "allows, so changes it had not confirmed are gone): start afresh (drop the slot, empty the staging "
+            "location), and give the job more room or fewer pauses"))
     return pgoutput.parse_lsn(row[0]) if row[0] else 0
 
 
 def replication_connection(dsn: str, timeout: float, where: str) -> psycopg.Connection[Any]:
     try:
-        return psycopg.connect(dsn, autocommit=True, replication="database", connect_timeout=max(1, int(timeout)))
+        return psycopg.connect(dsn, autocommit=True, replication="database", connect_timeout=max(1, int(timeout)),
+                               **pinned(dsn))
     except psycopg.OperationalError as e:
         text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         if "replication" in text and ("pg_hba" in text or "permission" in text or "must be" in text):
@@ -130,7 +154,7 @@ def create_and_stage(dsn: str, timeout: float, where: str, slot: str, tables: Se
         lsn = pgoutput.parse_lsn(res.get_value(0, 1).decode())
         exported = res.get_value(0, 2).decode()
         # The exported snapshot lives while rconn runs no other command: read everything now.
-        with psycopg.connect(dsn, connect_timeout=max(1, int(timeout))) as conn:
+        with psycopg.connect(dsn, connect_timeout=max(1, int(timeout)), **pinned(dsn)) as conn:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported)))
             shapes: list[TableShape] = []
@@ -147,17 +171,35 @@ def create_and_stage(dsn: str, timeout: float, where: str, slot: str, tables: Se
                     for oid in set(s.types):
                         cur.adapters.register_loader(oid, TextLoader)
                     cur.execute(sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(*s.table.split(".", 1))))
-                    while rows := cur.fetchmany(CHUNK_ROWS):
-                        name = f"chunk-{len(chunks):06d}"
-                        values = [[None if v is None else pgoutput.value(t, v) for v, t in zip(r, s.types)]
-                                  for r in rows]
+                    for values in _chunks(cur, s.types):
+                        # (named by the consistent point: a crashed staging's chunks are never read)
+                        name = f"chunk-{lsn:016x}-{len(chunks):06d}"
                         staged.put((name,), msgpack.packb(values, use_bin_type=True))
                         chunks.append((name, i))
             conn.rollback()
     manifest = Manifest(slot, lsn, tuple(shapes), tuple(chunks))
     staged.put((MANIFEST,), manifest.pack())
+    ours = {n for n, _ in chunks}
+    for name in staged.list():
+        if name.startswith("chunk-") and name not in ours:
+            staged.delete_file(name)  # left by a staging that died
     staged.delete_file(CREATING)
     return manifest
+
+
+def _chunks(cur: psycopg.Cursor[Any], types: tuple[int, ...]) -> Any:
+    """The rows decoded, in chunks of at most CHUNK_ROWS rows and about CHUNK_BYTES bytes."""
+    chunk: list[list[Any]] = []
+    size = 0
+    while rows := cur.fetchmany(1_000):
+        for r in rows:
+            chunk.append([None if v is None else pgoutput.value(t, v) for v, t in zip(r, types)])
+            size += sum(len(v) for v in r if v is not None) + 8
+            if len(chunk) >= CHUNK_ROWS or size >= CHUNK_BYTES:
+                yield chunk
+                chunk, size = [], 0
+    if chunk:
+        yield chunk
 
 
 def drop_slot(conn: psycopg.Connection[Any], slot: str) -> None:

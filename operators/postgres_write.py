@@ -54,7 +54,7 @@ def ahead(table: str, ident: tuple[str, str, str, int], committed: int, restored
             "start the job afresh")
 
 
-def change_rows(change: Change, columns: Sequence[str], key: Sequence[str], mode: str) -> list[list[Any]]:
+def change_rows(change: Change, columns: Sequence[str], key: Sequence[str], mode: str) -> list[Any]:
     """The rows an upsert sink writes for ``change``: the new row, and/or a delete row
     (``columns`` long plus the DELETE mark) for the key it removes; ValueError naming what
     is missing."""
@@ -63,7 +63,7 @@ def change_rows(change: Change, columns: Sequence[str], key: Sequence[str], mode
     if change.kind is ChangeKind.TRUNCATE:
         raise ValueError(f"a TRUNCATE of {change.table} cannot be applied key by key: empty the table yourself, "
                          "or filter truncates out before the sink")
-    out: list[list[Any]] = []
+    out: list[Any] = []
     if change.kind is ChangeKind.DELETE or change.moved_key:
         missing = [k for k in key if k not in change.key]
         if missing:
@@ -72,10 +72,15 @@ def change_rows(change: Change, columns: Sequence[str], key: Sequence[str], mode
         out.append([change.key.get(c) for c in columns] + [DELETE])
     if change.row is not None:
         missing = [c for c in columns if c not in change.row]
-        if missing:
+        if missing and change.kind is ChangeKind.UPDATE and all(k in change.row for k in key):
+            # An update that left large (TOASTed) values unchanged: the server did not send
+            # them, so only the columns it did send are set (a partial row, as a dict).
+            out.append({c: change.row[c] for c in columns if c in change.row})
+        elif missing:
             raise ValueError(f"the change of {change.table} carries no {missing} (its columns: {list(change.row)}): "
                              "fix columns= or map it with to_row=")
-        out.append([change.row[c] for c in columns])
+        else:
+            out.append([change.row[c] for c in columns])
     return out
 
 
@@ -90,13 +95,29 @@ def write(cur: psycopg.Cursor[Any], target: str, columns: Sequence[str], mode: s
                 copy.write_row(adapted(r))
         return
     at = [columns.index(k) for k in key]
-    last: dict[tuple[Any, ...], list[Any]] = {}
+    last: dict[tuple[Any, ...], Any] = {}
     for r in rows:
-        last[tuple(r[i] for i in at)] = r  # (an upsert may not touch one row twice in a statement)
-    gone = [r for r in last.values() if len(r) > len(columns)]
+        if isinstance(r, dict):  # a partial update: onto the key's row of this epoch, if any
+            k = tuple(r[c] for c in key)
+            before = last.get(k)
+            if isinstance(before, list) and len(before) == len(columns):
+                r = [r.get(c, v) for c, v in zip(columns, before)]
+            elif isinstance(before, dict):
+                r = before | r
+            last[k] = r
+        else:
+            last[tuple(r[i] for i in at)] = r  # (an upsert may not touch one row twice in a statement)
+    gone = [r for r in last.values() if isinstance(r, list) and len(r) > len(columns)]
     if gone:
         _delete(cur, target, key, [[r[i] for i in at] for r in gone])
-    upserts = [r for r in last.values() if len(r) == len(columns)]
+    for r in last.values():
+        if isinstance(r, dict):
+            sets = [c for c in r if c not in key]
+            cur.execute(sql.SQL("UPDATE {} SET {} WHERE {}").format(
+                sql.SQL(target), sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in sets),
+                sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in key)),
+                adapted([r[c] for c in sets] + [r[k] for k in key]))
+    upserts = [r for r in last.values() if isinstance(r, list) and len(r) == len(columns)]
     if not upserts:
         return
     stage = sql.Identifier("abs_engine_stage")
