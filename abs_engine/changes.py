@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +56,11 @@ class Change:
                 and any(self.row.get(c, v) != v for c, v in self.key.items()))
 
     def encode(self) -> msgpack.ExtType:
-        return msgpack.ExtType(CHANGE, msgpack.packb(
-            [self.kind.value, self.table, self.row, self.key, self.before, self.lsn, self.committed],
-            use_bin_type=True))
+        packer = getattr(_local, "packer", None)
+        if packer is None:
+            packer = _local.packer = msgpack.Packer(use_bin_type=True)
+        return msgpack.ExtType(CHANGE, packer.pack(
+            (self.kind.value, self.table, self.row, self.key, self.before, self.lsn, self.committed)))
 
     @staticmethod
     def decode(data: bytes) -> "Change":
@@ -65,10 +68,16 @@ class Change:
         try:
             kind, table, row, key, before, lsn, committed = msgpack.unpackb(data, raw=False, use_list=False,
                                                                             strict_map_key=False)
-            change = Change(ChangeKind(kind), table, row, key, before, lsn, committed)
-        except (ValueError, TypeError, msgpack.UnpackException) as e:
+            change = Change(_KINDS[kind], table, row, key, before, lsn, committed)
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
             raise ValueError(f"a malformed change record ({type(e).__name__}: {e})") from None
         if not (isinstance(table, str) and isinstance(key, dict) and isinstance(lsn, int)
                 and (row is None or isinstance(row, dict)) and (before is None or isinstance(before, dict))):
             raise ValueError("a malformed change record (a field of the wrong type)")
         return change
+
+
+_KINDS = {k.value: k for k in ChangeKind}
+#: One packer per thread, reused (a record's encoding is on the hot path; a Packer is not
+#: thread-safe, and a task's snapshot writer encodes on a thread of its own).
+_local = threading.local()

@@ -8,9 +8,9 @@ Runs, one after another (never side by side: they would share the 2 cores):
 the ABS-vs-stop-the-world suite (suite.py), word count (wordcount_bench.py: rows, the
 combiner, parallelism 1 and 2, the vectorized Arrow path), loops (loop_bench.py), Nexmark
 q0-q8 against the plain loop, Bytewax and Flink per core (nexmark_bench.py), event-to-output
-latency (latency_bench.py), rows into PostgreSQL (postgres_bench.py), Delta Lake and Iceberg (table_sinks_bench.py),
-session-window
-checkpoints (session_bench.py), Spark
+latency (latency_bench.py), rows into PostgreSQL (postgres_bench.py), Delta Lake and Iceberg
+(table_sinks_bench.py), change data capture (cdc_bench.py), session-window checkpoints
+(session_bench.py), Spark
 (spark_bench.py) and the pytest-benchmark micro benchmarks. Every number on the
 performance page (docs/performance.md) comes from one of them; each result file carries
 the command that made it and its date.
@@ -47,6 +47,7 @@ def main() -> int:
                                                              else ["--seconds", "5", "--rounds", "2"]),
         [py, "benchmarks/postgres_bench.py"] + (["--rows", "200000", "--rounds", "1"] if q else []),
         [py, "benchmarks/table_sinks_bench.py"] + (["--rows", "200000", "--rounds", "1"] if q else []),
+        [py, "benchmarks/cdc_bench.py"] + (["--rows", "50000", "--rounds", "1", "--seconds", "3"] if q else []),
         [py, "benchmarks/session_bench.py"] + (["--events", "200000", "--rounds", "1"] if q else []),
     ]
     if not args.no_spark:
