@@ -34,17 +34,21 @@ def load_flow(path: str) -> Dataflow:
     return load_job(path)[0]
 
 
-def load_job(path: str, keep_path: bool = False) -> tuple[Dataflow, dict[str, Any]]:
+def load_job(path: str, keep_path: bool = False, script_args: list[str] | None = None
+             ) -> tuple[Dataflow, dict[str, Any]]:
     """``load_flow``, with the options the file runs its job with (none for a
     ``build_flow()``); ``keep_path`` leaves the file's directory importable (a job about to
-    run needs its sibling modules)."""
+    run needs its sibling modules). The file sees ``sys.argv`` as ``python FILE ARGS...``
+    would give it: its own arguments (``script_args``, what follows ``--``), never ours."""
     import inspect
 
     from .api import PlanOnly
 
-    # Like `python FILE.py`: the file's directory is importable (sibling modules).
+    # Like `python FILE.py ARGS`: the file's directory is importable (sibling modules), and
+    # its argv is its own (an argparse in it must not see `plan FILE`).
     here = os.path.dirname(os.path.abspath(path))
     sys.path.insert(0, here)
+    argv, sys.argv = sys.argv, [path, *(script_args or [])]
     PlanOnly.active = True
     try:
         try:
@@ -68,8 +72,9 @@ def load_job(path: str, keep_path: bool = False) -> tuple[Dataflow, dict[str, An
                 return flow, {}
     finally:
         PlanOnly.active = False
-        if not keep_path:
+        if not keep_path:  # (a job about to run keeps its argv and path: it runs as the file)
             sys.path.remove(here)
+            sys.argv = argv
     flows = [v for v in ns.values() if isinstance(v, Dataflow)]
     if len(flows) != 1:
         raise SystemExit(
@@ -94,7 +99,7 @@ def jsonable(obj: Any) -> Any:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    print(load_flow(args.file).explain())
+    print(load_job(args.file, script_args=args.script_args)[0].explain())
     return 0
 
 
@@ -104,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.driver_restarts is not None and not args.supervise:
         raise ConfigError("driver_restarts", "--driver-restarts counts the drivers --supervise restarts: "
                                              "give --supervise too")
-    flow, config = load_job(args.file, keep_path=True)
+    flow, config = load_job(args.file, keep_path=True, script_args=args.script_args)
     given = {"checkpoint_dir": args.checkpoint_dir, "checkpoint_interval": args.checkpoint_interval,
              "driver_restarts": args.driver_restarts}
     config.update({k: v for k, v in given.items() if v is not None})
@@ -271,10 +276,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="abs-engine", description="abs-engine: stream dataflows with ABS checkpoints")
     sub = p.add_subparsers(dest="command", required=True)
-    pp = sub.add_parser("plan", help="print the compiled plan of a dataflow file")
+    pp = sub.add_parser("plan", help="print the compiled plan of a dataflow file (its own arguments after --)")
     pp.add_argument("file", help="a Python file defining build_flow() or a module-level Dataflow")
     pp.set_defaults(fn=cmd_plan)
-    rn = sub.add_parser("run", help="run the job a dataflow file defines (its build_flow(), or the job it runs)")
+    rn = sub.add_parser("run", help="run the job a dataflow file defines (its build_flow(), or the job it runs; "
+                                    "its own arguments after --)")
     rn.add_argument("file", help="a Python file defining build_flow(), a module-level Dataflow, or running one")
     rn.add_argument("--checkpoint-dir", help="where its checkpoints go (needed by --supervise and --resume)")
     rn.add_argument("--checkpoint-interval", type=float, help="seconds between checkpoints")
@@ -310,7 +316,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``abs-engine COMMAND ... [-- SCRIPT ARGS]``: what follows ``--`` is the script's own
+    command line (``plan`` and ``run``), passed to it as its ``sys.argv[1:]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, script_args = argv[:at], argv[at + 1:]
     args = build_parser().parse_args(argv)
+    args.script_args = script_args
     try:
         return int(args.fn(args))
     except AbsEngineError as e:

@@ -120,14 +120,7 @@ def write(cur: psycopg.Cursor[Any], target: str, columns: Sequence[str], mode: s
     upserts = [r for r in last.values() if isinstance(r, list) and len(r) == len(columns)]
     if not upserts:
         return
-    stage = sql.Identifier("abs_engine_stage")
-    # (only the sink's columns, without the target's constraints: an identity key the rows do
-    # not carry must not make the staging table refuse them)
-    cur.execute(sql.SQL("CREATE TEMPORARY TABLE IF NOT EXISTS {} ON COMMIT DELETE ROWS AS SELECT {} FROM {} "
-                        "WITH NO DATA").format(stage, cols, sql.SQL(target)))
-    with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, cols)) as copy:
-        for r in upserts:
-            copy.write_row(adapted(r))
+    stage = _staged(cur, "abs_engine_stage", target, columns, upserts)
     others = [c for c in columns if c not in key]
     action = (sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
         sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in others))
@@ -138,12 +131,20 @@ def write(cur: psycopg.Cursor[Any], target: str, columns: Sequence[str], mode: s
 
 def _delete(cur: psycopg.Cursor[Any], target: str, key: Sequence[str], keys: list[list[Any]]) -> None:
     """The rows of ``keys`` deleted from ``target`` (COPY into a temporary table, one DELETE)."""
-    cols = sql.SQL(", ").join(sql.Identifier(k) for k in key)
-    gone = sql.Identifier("abs_engine_gone")
-    cur.execute(sql.SQL("CREATE TEMPORARY TABLE IF NOT EXISTS {} ON COMMIT DELETE ROWS AS SELECT {} FROM {} "
-                        "WITH NO DATA").format(gone, cols, sql.SQL(target)))
-    with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(gone, cols)) as copy:
-        for k in keys:
-            copy.write_row(adapted(k))
+    gone = _staged(cur, "abs_engine_gone", target, key, keys)
     cur.execute(sql.SQL("DELETE FROM {} t USING {} g WHERE {}").format(sql.SQL(target), gone, sql.SQL(" AND ").join(
         sql.SQL("t.{} = g.{}").format(sql.Identifier(k), sql.Identifier(k)) for k in key)))
+
+
+def _staged(cur: psycopg.Cursor[Any], name: str, target: str, columns: Sequence[str],
+            rows: list[list[Any]]) -> sql.Identifier:
+    """``rows`` copied into temporary table ``name``, of ``target``'s ``columns`` only (not its
+    constraints: an identity key the rows do not carry must not make it refuse them), emptied
+    at the commit."""
+    stage, cols = sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    cur.execute(sql.SQL("CREATE TEMPORARY TABLE IF NOT EXISTS {} ON COMMIT DELETE ROWS AS SELECT {} FROM {} "
+                        "WITH NO DATA").format(stage, cols, sql.SQL(target)))
+    with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, cols)) as copy:
+        for r in rows:
+            copy.write_row(adapted(r))
+    return stage

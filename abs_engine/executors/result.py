@@ -87,7 +87,36 @@ class JobResult:
         """Checkpoints that passed ``checkpoint_timeout`` (the only way one fails)."""
         return self.history.counts.get(CheckpointStatus.FAILED, 0)
 
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr)
+    def details(self) -> str:
+        """Every field, as a dataclass would show it (thousands of characters for a long job:
+        the recoveries, every pipeline's result). ``str()`` and ``repr()`` are the summary."""
+        fields = ", ".join(f"{f.name}=[{', '.join(p.details() for p in self.pipelines)}]" if f.name == "pipelines"
+                           else f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr)
         return (f"JobResult({fields}, checkpoints_completed={self.checkpoints_completed}, "
                 f"checkpoints_expired={self.checkpoints_expired}, failed={len(self.failed_checkpoints)})")
+
+    def __str__(self) -> str:
+        """One paragraph: what ran, for how long, what it read, its checkpoints and restarts,
+        where the details are."""
+        what = f"pipeline {self.pipeline!r} of job {self.job!r}" if self.pipeline else f"job {self.job!r}"
+        end = ("stopped by stop_when" if self.cancelled else "stopped with a savepoint" if self.stopped_with_savepoint
+               else "ended")
+        parts = [f"{what} {end} after {self.duration_s:.1f} s (running after {self.running_after_s:.1f} s)",
+                 f"{self.source_records:,} source records",
+                 f"{self.checkpoints_completed} checkpoint(s) completed"
+                 + (f", {self.checkpoints_expired} expired" if self.checkpoints_expired else ""),
+                 f"{self.restarts} restart(s)" + (f" (restored from {self.restored_from})" if self.restored_from else "")]
+        if self.skipped_records:
+            parts.append(f"{self.skipped_records:,} record(s) skipped")
+        if self.latency is not None:
+            parts.append(f"latency p50 {self.latency.p50_ms:.1f} ms, p99 {self.latency.p99_ms:.1f} ms")
+        if self.pipelines:
+            parts.append(f"{len(self.pipelines)} pipelines (.pipelines)")
+        where = [f"checkpoints in {self.checkpoint_dir}"] if self.checkpoint_dir else []
+        where += [f"savepoint {self.savepoint}"] if self.savepoint else []
+        where += [f"dashboard {self.dashboard_url}"] if self.dashboard_url else []
+        tail = "; ".join(where + ["every field: .details()"])
+        return f"{'; '.join(parts)}. {tail}"
+
+    def __repr__(self) -> str:
+        return f"<JobResult {self}>"

@@ -106,6 +106,37 @@ def test_plan_of_a_build_flow_that_needs_arguments_says_how(tmp_path):
     assert "needs arguments (path)" in str(ei.value.code) and "defaults" in str(ei.value.code)
 
 
+ARGPARSE_SCRIPT = (
+    "import argparse, sys\n"
+    "from abs_engine import Dataflow\n"
+    "from abs_engine.testing import TestingSource, CapturingSink\n"
+    "ap = argparse.ArgumentParser()\n"
+    "ap.add_argument('--parallelism', type=int, default=1)\n"
+    "ap.add_argument('--name', default='plain')\n"
+    "args = ap.parse_args()\n"
+    "flow = Dataflow(args.name, parallelism=args.parallelism)\n"
+    "flow.source(TestingSource(range(10)), name='nums').sink(CapturingSink(sys.argv[0] + '.out'), name='out')\n"
+    "flow.run()\n")
+
+
+def test_a_script_with_argparse_gets_its_own_arguments_never_ours(tmp_path, capsys):
+    """`abs-engine plan script.py` used to leave `plan script.py` in sys.argv, and the
+    script's argparse refused them; its own arguments go after `--`."""
+    import sys
+
+    f = tmp_path / "with_args.py"
+    f.write_text(ARGPARSE_SCRIPT)
+    before = list(sys.argv)
+    assert main(["plan", str(f)]) == 0
+    assert "job 'plain'" in capsys.readouterr().out
+    assert main(["plan", str(f), "--", "--parallelism", "3", "--name", "mine"]) == 0
+    out = capsys.readouterr().out
+    assert "job 'mine'" in out and "nums x3" in out
+    assert sys.argv == before  # (restored: only a job about to run keeps the script's argv)
+    with pytest.raises(SystemExit):  # the script's own parser refuses what it does not know
+        main(["plan", str(f), "--", "--nope"])
+
+
 def test_no_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as ei:
         main([])
