@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from . import fs
+from . import state_summary
 from .api import Dataflow
 from .checkpoint.remote import open_storage
 from .errors import AbsEngineError, CheckpointError, CheckpointErrorReason, ConfigError
@@ -180,22 +181,6 @@ def list_checkpoints(storage: Any) -> int:
     return 0
 
 
-def key_groups_of(state: Any, max_parallelism: int) -> dict[int, list[int]] | None:
-    """For keyed state (a map key -> value): key group -> [keys, encoded bytes]; None for
-    any other state (or keys that cannot be placed)."""
-    from . import codec, keygroups
-
-    if not isinstance(state, dict) or not state:
-        return None
-    groups: dict[int, dict[Any, Any]] = {}
-    try:
-        for k, v in state.items():
-            groups.setdefault(keygroups.key_group(k, max_parallelism), {})[k] = v
-    except (AbsEngineError, TypeError):
-        return None
-    return {g: [len(kv), len(codec.pack(kv))] for g, kv in sorted(groups.items())}
-
-
 def cmd_show(args: argparse.Namespace) -> int:
     storage = open_storage(args.dir)
     if (pipelines := pipeline_dirs(args.dir)) and not storage.ids_on_disk():
@@ -211,6 +196,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     meta = storage.verify(cid)
     max_p = int(meta.layout.get("max_parallelism", 128))
     keyed = set(meta.layout.get("keyed", []))
+    kinds, parts = meta.layout.get("kinds", {}), dict(meta.layout.get("parts", {}))
+    for op in keyed - set(parts):
+        parts[op] = [["", "keyed"]]  # (a checkpoint from before layouts were recorded: keyed, whole)
     states = {t: storage.read_state(cid, t, meta) for t in meta.tasks}
     doc = {
         **storage.describe(cid),
@@ -220,8 +208,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             t: {"file": e.file, "bytes": e.size, "sha256": e.sha256,
                 "alignment_ms": round(meta.alignment_ms.get(t, 0.0), 3),
                 "state": jsonable(states[t]),
-                "key_groups": {op: kg for op, st in states[t].items()
-                               if op in keyed and (kg := key_groups_of(st, max_p)) is not None},
+                "summary": {op: state_summary.summary(st, parts.get(op, []), kinds.get(op, ""), max_p)
+                            for op, st in states[t].items()},
                 "back_edge_logs": jsonable(storage.read_logs(cid, t, meta))}
             for t, e in sorted(meta.tasks.items())
         },
@@ -235,11 +223,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             for op, state in info["state"].items():
                 text = json.dumps(state)
                 print(f"    {op}: {text[:200]}{'...' if len(text) > 200 else ''}")
-                if op in info["key_groups"]:
-                    kg = info["key_groups"][op]
-                    big = max(kg.items(), key=lambda item: item[1][1])
-                    print(f"      {sum(n for n, _ in kg.values()):,} keys in {len(kg)} of {max_p} key groups; "
-                          f"largest: group {big[0]}, {big[1][0]:,} keys, {big[1][1]:,} bytes")
+                print(f"      {state_summary.text(kinds.get(op, op), info['summary'][op])}")
             for ch, records in info["back_edge_logs"].items():
                 text = json.dumps(records)
                 print(f"    back-edge {ch}: {len(records)} record(s) logged in flight: "

@@ -17,6 +17,8 @@ from typing import Any, Hashable
 
 import networkx as nx
 
+from operators.state_layout import Part
+
 from .errors import GraphError, GraphErrorReason
 from .graph import LogicalGraph, NodeKind, Partition
 from .ids import channel_id, task_id
@@ -51,6 +53,16 @@ def find_back_edges(g: nx.DiGraph) -> set[tuple[Any, Any]]:
     return {(u, v) for u, v in g.edges if order[v] <= order[u] and (u == v or nx.has_path(g, v, u))}
 
 
+def state_parts(template: Any) -> tuple[tuple[str, str], ...]:
+    """An operator's declared state layout as data: (field, part) pairs ("" for the whole)."""
+    layout = getattr(type(template), "state_layout", None)
+    if layout is None:
+        return ()
+    if isinstance(layout, Part):
+        return (("", layout.value),)
+    return tuple((str(f), p.value) for f, p in layout.items())
+
+
 def to_networkx(graph: LogicalGraph) -> nx.DiGraph:
     g = nx.DiGraph(name=graph.name)
     for n in graph.nodes.values():
@@ -60,6 +72,7 @@ def to_networkx(graph: LogicalGraph) -> nx.DiGraph:
             parallelism=n.parallelism or graph.default_parallelism,
             keyed=n.keyed,
             label=n.label,
+            parts=state_parts(n.template),
         )
     for e in graph.edges:
         if g.has_edge(e.src, e.dst):
@@ -178,7 +191,7 @@ def compile_graph(graph: LogicalGraph) -> Plan:
 
     operators = tuple(
         OperatorSpec(n, g.nodes[n]["kind"].value, g.nodes[n]["label"], g.nodes[n]["parallelism"],
-                     g.nodes[n]["keyed"], head_of[n])
+                     g.nodes[n]["keyed"], head_of[n], g.nodes[n]["parts"])
         for n in sorted(g.nodes, key=order.__getitem__)
     )
     # Loops: the strongly connected components that hold a cycle. Each ends on its own

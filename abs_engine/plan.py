@@ -22,6 +22,10 @@ class OperatorSpec:
     parallelism: int
     keyed: bool
     chain: str
+    #: The shape of its state (operators/state_layout.py), as (field, part) pairs: field ""
+    #: for the whole state; empty for an operator that declares none. What ``checkpoints
+    #: show`` reads the state by (keys, timers, a watermark).
+    state_parts: tuple[tuple[str, str], ...] = ()
 
 
 def operator_kind(o: OperatorSpec) -> str:
@@ -156,7 +160,8 @@ class Plan:
                 tasks_of[op] = ids
         return {"shape": self.shape(), "operators": tasks_of, "max_parallelism": self.max_parallelism,
                 "keyed": sorted(o.name for o in self.operators if o.keyed),
-                "kinds": {o.name: operator_kind(o) for o in self.operators}}
+                "kinds": {o.name: operator_kind(o) for o in self.operators},
+                "parts": {o.name: [list(p) for p in o.state_parts] for o in self.operators if o.state_parts}}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -165,7 +170,8 @@ class Plan:
     def from_dict(d: dict[str, Any]) -> "Plan":
         return Plan(
             job=d["job"],
-            operators=tuple(OperatorSpec(**o) for o in d["operators"]),
+            operators=tuple(OperatorSpec(**(o | {"state_parts": tuple(tuple(x) for x in o.get("state_parts", ()))}))
+                            for o in d["operators"]),
             chains=tuple(
                 ChainSpec(c["name"], tuple(c["operators"]), c["parallelism"], c["is_source"], c["loop"],
                           tuple(c["feeds"]))

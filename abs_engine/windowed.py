@@ -5,6 +5,8 @@ windows' results with its ``late`` side output (operators/windows.py runs them).
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable
 
 from operators.basic import Identity
@@ -37,7 +39,12 @@ class WindowedStream(Generic[T, K]):
         op = WindowOperator(self.windows, self.timestamp, kind, fn, self.keyed.key_fn, self.allowed_lateness, **kw,
                             on_error=_on_error(on_error))
         w = self.windows
-        label = type(w).__name__.replace("Windows", "").lower()
+        # (every parameter that decides what it emits: the plan's text shows them)
+        shown = ", ".join(f"{f.name}={getattr(w, f.name)}" for f in dataclasses.fields(w)
+                          if not (f.name == "offset" and not getattr(w, f.name)))
+        label = f"{type(w).__name__.replace('Windows', '').lower()}({shown})"
+        if self.allowed_lateness:
+            label += f", allowed_lateness={self.allowed_lateness}"
         s = self.keyed._keyed(op, f"window_{kind}", name, parallelism, key_label=f"{self.keyed._key_label()}, {label}")
         return WindowResults(s.flow, s.node, op)
 

@@ -54,8 +54,9 @@ def main() -> int:
         steps.append([py, "benchmarks/spark_bench.py"]
                      + (["--rows", "1000000", "--words", "2000000", "--rounds", "1", "--skip-iterator"] if q else []))
     micro_json = os.path.join(HERE, "results", ".micro-raw.json")
-    steps.append([py, "-m", "pytest", "benchmarks/micro", "-q", "-p", "no:cacheprovider", "--benchmark-enable",
-                  f"--benchmark-json={micro_json}"])
+    # (-n 0: one process; pytest-benchmark measures nothing under xdist's workers)
+    steps.append([py, "-m", "pytest", "benchmarks/micro", "-q", "-n", "0", "-p", "no:cacheprovider",
+                  "--benchmark-enable", f"--benchmark-json={micro_json}"])
     steps.append([py, "benchmarks/micro/test_micro.py", micro_json])
     for cmd in steps:
         t0 = time.monotonic()

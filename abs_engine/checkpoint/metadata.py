@@ -169,7 +169,8 @@ def parse_chains(raw: Any, tasks: dict[str, FileRef], cid: int) -> dict[str, lis
 
 def parse_layout(raw: Any, tasks: dict[str, FileRef]) -> dict[str, Any]:
     """The layout field, checked: {"shape": str, "operators": {name: [task ids of ``tasks``]},
-    "max_parallelism": int, "keyed": [names of keyed operators]}."""
+    "max_parallelism": int, "keyed": [names of keyed operators], "kinds": {name: kind},
+    "parts": {name: [[field, part], ...]}} (older checkpoints may lack the last two)."""
     if raw == {}:
         return {}
     if not isinstance(raw, dict) or not isinstance(raw.get("shape"), str) or not isinstance(raw.get("operators"), dict):
@@ -191,8 +192,14 @@ def parse_layout(raw: Any, tasks: dict[str, FileRef]) -> dict[str, Any]:
     kinds = raw.get("kinds", {})
     if not isinstance(kinds, dict) or not all(k in ops and isinstance(v, str) for k, v in kinds.items()):
         raise ValueError("layout: 'kinds' is not a map of its operators to their kinds")
+    parts = raw.get("parts", {})
+    if not isinstance(parts, dict) or not all(
+            k in ops and isinstance(v, (list, tuple)) and all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in v)
+            for k, v in parts.items()):
+        raise ValueError("layout: 'parts' is not a map of its operators to [field, part] pairs")
     return {"shape": raw["shape"], "operators": ops, "max_parallelism": max_p, "keyed": list(keyed),
-            "kinds": dict(kinds)}
+            "kinds": dict(kinds), "parts": {k: [list(p) for p in v] for k, v in parts.items()}}
 
 
 def encode_metadata(meta: Metadata) -> bytes:

@@ -230,14 +230,14 @@ def test_show_json_newest(ckdir, capsys):
     # Keyed state by key group (the groups a rescale splits it by): keys and encoded bytes each.
     from abs_engine.keygroups import key_group
 
-    groups = doc["tasks"]["count#0"]["key_groups"]["count"]
+    groups = doc["tasks"]["count#0"]["summary"]["count"]["keys"]["groups"]
     expected: dict[str, list[int]] = {}
     for k, v in {"apple": 3, "pear": 1, 7: 2}.items():
         g = expected.setdefault(str(key_group(k, 128)), [0, 0])
         g[0] += 1
     assert {g: n for g, (n, _) in groups.items()} == {g: n for g, (n, _) in expected.items()}
     assert all(size > 0 for _, size in groups.values())
-    assert doc["tasks"]["write#0"]["key_groups"] == {}  # not a keyed operator
+    assert doc["tasks"]["write#0"]["summary"]["write"] == {"state": {"bytes": len(codec.pack(STATES["write#0"]["write"]))}}
     assert doc["tasks"]["write#0"]["state"] == {"write": {
         "published": 6,
         "pending": [[2, {"$text": "a\t3\n"}], [3, {"$hex": "fffe"}]],
@@ -449,3 +449,36 @@ def test_run_runs_the_job_a_file_runs_with_its_options_and_the_given_ones(tmp_pa
     # without a checkpoint directory there is nothing to resume a crashed driver from
     assert main(["run", str(f), "--supervise"]) == 2
     assert "supervise=True restarts a crashed driver" in capsys.readouterr().err
+
+
+def test_show_reads_a_window_operators_state_by_its_shape(tmp_path, capsys):
+    """A session window job held with every session open: `checkpoints show` counts its keys,
+    open windows, timers and watermark exactly (it used to count the state's three fields
+    as three keys)."""
+    from abs_engine import Dataflow
+    from abs_engine.keygroups import key_group
+    from abs_engine.testing import CapturingSink, GatedSource, TestingSource
+    from operators import SessionWindows, ascending
+
+    keys = [f"user{i}" for i in range(300)]
+    items = [(k, t) for t in range(5) for k in keys]  # every key's clicks within one session gap
+    flow = Dataflow("sessions")
+    (flow.source(GatedSource(TestingSource(items, batch_size=100), tmp_path / "never", after=len(items)), "clicks",
+                 timestamps=lambda r: r[1], watermarks=ascending())
+     .key_by(lambda r: r[0]).window(SessionWindows(gap=1_000), lambda r: r[1])
+     .aggregate(lambda: 0, lambda a, r: a + 1, merge=lambda a, b: a + b, name="sessionize")
+     .sink(CapturingSink(tmp_path / "out"), "out"))
+    ck = str(tmp_path / "ck")
+    res = flow.run(executor="inprocess", checkpoint_dir=ck, checkpoint_interval=0.01,
+                   stop_when=lambda r: r.checkpoints_completed >= 3 and r.source_records >= len(items))
+    assert res.cancelled
+    assert main(["checkpoints", "show", ck, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (summary,) = [t["summary"]["sessionize"] for t in doc["tasks"].values() if "sessionize" in t["summary"]]
+    assert summary["keys"]["keys"] == 300 and summary["keys"]["windows"] == 300  # one open session a key
+    assert summary["keys"]["key_groups"] == len({key_group(k, 128) for k in keys})
+    assert summary["timers"]["timers"] == 300  # each session's end timer
+    assert summary["watermark"]["value"] == 3  # ascending: the newest timestamp (4) less one
+    assert main(["checkpoints", "show", ck]) == 0
+    text = capsys.readouterr().out
+    assert "keys: 300 keys in" in text and "300 open windows" in text and "timers" in text

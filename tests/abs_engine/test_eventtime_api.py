@@ -54,3 +54,22 @@ def test_the_plan_shows_event_time_sources_windows_and_the_late_side_output():
     res.late.sink(CapturingSink("/tmp/unused-late"), "late", parallelism=1)
     plan = flow.explain()
     assert "TestingSource[event time]" in plan and "side output" in plan and "win" in plan
+
+
+def test_the_plan_shows_every_window_parameter():
+    """Window sizes, slides, gaps and allowed lateness: what decides a window's output is in
+    the plan's text (it used to say only `session`)."""
+    from operators import SlidingWindows
+
+    flow = Dataflow("params", parallelism=1)
+    s = flow.source(TestingSource([("a", 1)]), "read", timestamps=_ts, watermarks=ascending()).key_by(_key)
+    s.window(SessionWindows(gap=30), _ts).aggregate(lambda: 0, lambda a, r: a + 1, merge=lambda a, b: a + b,
+                                                    name="sessions").sink(CapturingSink("/tmp/unused-1"), "o1")
+    s.window(TumblingWindows(10, offset=2), _ts, allowed_lateness=5).reduce(lambda a, b: a, name="tumbling").sink(
+        CapturingSink("/tmp/unused-2"), "o2")
+    s.window(SlidingWindows(20, 5), _ts).reduce(lambda a, b: a, name="sliding").sink(CapturingSink("/tmp/unused-3"),
+                                                                                      "o3")
+    plan = flow.explain()
+    assert "session(gap=30)" in plan
+    assert "tumbling(size=10, offset=2), allowed_lateness=5" in plan
+    assert "sliding(size=20, slide=5)" in plan

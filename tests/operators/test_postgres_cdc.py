@@ -30,6 +30,7 @@ from operators.postgres_cdc import ChangeKind, PostgresCDCSource, stop_stream
 from operators.postgres_schema import PostgresProblem, PostgresSourceError
 
 from .postgres_server import Server, postgres  # noqa: F401 - the fixture
+from .test_postgres import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -249,6 +250,9 @@ def test_bad_input_is_a_typed_error_naming_the_fix(postgres: Server, tmp_path: P
     assert e.problem is PostgresProblem.MISSING_PUBLICATION and "CREATE PUBLICATION nopub" in str(e)
     e = fails(postgres, tmp_path, PostgresCDCSource(postgres.dsn(password="wrong"), [src], slot, staging))
     assert e.problem is PostgresProblem.AUTHENTICATION
+    nobody = postgres.dsn().replace(f":{postgres.port}/", f":{free_port()}/")
+    e = fails(postgres, tmp_path, PostgresCDCSource(nobody, [src], slot, staging, connect_timeout=2))
+    assert e.problem is PostgresProblem.UNREACHABLE and "start the server" in str(e)
     postgres.query(f"CREATE PUBLICATION inserts{slot} FOR TABLE {src} WITH (publish = 'insert')")
     e = fails(postgres, tmp_path, PostgresCDCSource(postgres.dsn(), [src], slot, staging, publication=f"inserts{slot}"))
     assert e.problem is PostgresProblem.MISSING_PUBLICATION and "does not publish updates; it does not publish deletes" in str(e)
