@@ -100,7 +100,13 @@ def jsonable(obj: Any) -> Any:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    print(load_job(args.file, script_args=args.script_args)[0].explain())
+    from . import spark_session
+
+    spark_session.planning_only = True  # (no cluster is started to print a plan)
+    try:
+        print(load_job(args.file, script_args=args.script_args)[0].explain())
+    finally:
+        spark_session.planning_only = False
     return 0
 
 

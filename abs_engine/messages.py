@@ -134,6 +134,15 @@ class Heartbeat(Message):
     records_in: int | None = None
     records_out: int | None = None
     send_s: float = 0.0
+    #: Its health (runtime/task_health.py): the watermark (None: no event time), the
+    #: process's CPU seconds and resident bytes, the keys and timers its operators hold (-1:
+    #: not known) and the late records its windows met, this attempt.
+    watermark: float | None = None
+    cpu_s: float = 0.0
+    rss: int = 0
+    keys: int = -1
+    timers: int = -1
+    late: int = 0
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,9 @@ BARRIER_CONF = {
 _lock = threading.Lock()
 _embedded: Any = None
 _set_local_ip: str | None = None  #: the SPARK_LOCAL_IP the engine set (None: none, or the user's)
+#: Set while ``abs-engine plan`` loads a file: it only prints the plan, so the sources that
+#: would start the embedded session to read their input (``SparkSource.csv``...) do not.
+planning_only = False
 
 
 def embedded_session(master: str | None = None) -> Any:

@@ -98,6 +98,10 @@ class SparkSource(Source[Any]):
 
         if not os.path.exists(path):
             raise InputError(f"{what} input {path!r} does not exist: pass an existing file or directory")
+        from abs_engine import spark_session
+
+        if spark is None and spark_session.planning_only:
+            return cls(None, **kw)  # `abs-engine plan`: no JVM started to print a plan
         owns = spark is None
         spark = spark or embedded_session()
         try:

@@ -104,6 +104,7 @@ class WindowBase(TimedOperator):
             self.timers.register(EVENT, key, end - 1 + self.allowed_lateness)
 
     def _late(self, record: Any, ts: Any) -> None:
+        self.late_records = getattr(self, "late_records", 0) + 1  #: (this attempt's: the dashboard's count)
         if self.late_stream:
             self.side.append(record)
         else:

@@ -237,10 +237,12 @@ class AttemptDriver:
         elif isinstance(msg, messages.Heartbeat):
             if msg.records_in is not None and msg.records_out is not None:  # (last_heard: every frame)
                 self.tracker.task_metrics(msg.task, msg.records_in, msg.records_out, msg.send_s, time.monotonic())
+                self.tracker.task_health(msg.task, msg.watermark, msg.cpu_s, msg.rss, msg.keys, msg.timers, msg.late)
         elif isinstance(msg, messages.Latency):
             self.tracker.latency_reported(msg.ms)
         elif isinstance(msg, messages.Skipped):
             self.result.skipped_records += 1
+            self.tracker.record_skipped(msg.task)
             if self.result.skipped_records <= 100:
                 self.log(f"operator {msg.operator!r} skipped a record (on_error='skip'): {msg.error}; "
                          f"record: {msg.record}")

@@ -67,11 +67,35 @@ def job(tr: "JobTracker") -> dict[str, Any]:
         "tasks": [{"id": k, "vertex": t.vertex, "subtask": t.index, "status": t.status, "pid": t.pid,
                    "records_in": t.records_in, "records_out": t.records_out,
                    "records_in_per_second": _num(t.in_rate), "records_out_per_second": _num(t.out_rate),
-                   "backpressure": _num(t.backpressure)} for k, t in tr.tasks.items()],
+                   "backpressure": _num(t.backpressure), **health(t)} for k, t in tr.tasks.items()],
+        "watermarks": watermarks(tr),
         "throughput": None,  # the caller fills it in: throughput()
         "recoveries": [recovery(r) for r in tr.recoveries],
         "latency": latency(tr.latency.last(now), tr.latency.run()),
     }
+
+
+def health(t: Any) -> dict[str, Any]:
+    """A task's health (tracker.TaskMetrics): None where not known."""
+    return {"watermark": None if t.watermark is None else _num(t.watermark), "cpu_seconds": _num(t.cpu_s),
+            "rss_bytes": t.rss or None, "keys": None if t.keys < 0 else t.keys,
+            "timers": None if t.timers < 0 else t.timers, "late_records": t.late, "skipped_records": t.skipped}
+
+
+def watermarks(tr: "JobTracker") -> dict[str, Any]:
+    """Event time per vertex (the lowest of its subtasks') and the job's: the lowest of all,
+    and its lag behind the sources' newest, in event-time units (None: no event time)."""
+    by_vertex: dict[str, float] = {}
+    sources = {c.name for c in tr.plan.chains if c.is_source}
+    for t in tr.tasks.values():
+        if t.watermark is not None:
+            by_vertex[t.vertex] = min(by_vertex.get(t.vertex, t.watermark), t.watermark)
+    if not by_vertex:
+        return {"job": None, "lag": None, "vertices": {}}
+    low = min(by_vertex.values())
+    newest = max((w for v, w in by_vertex.items() if v in sources), default=None)
+    return {"job": _num(low), "lag": None if newest is None else _num(max(0.0, newest - low)),
+            "vertices": {v: _num(w) for v, w in by_vertex.items()}}
 
 
 def latency(recent: LatencySummary | None, run: LatencySummary | None) -> dict[str, Any]:
@@ -80,14 +104,19 @@ def latency(recent: LatencySummary | None, run: LatencySummary | None) -> dict[s
             "recent_seconds": RECENT_S}
 
 
-def throughput(samples: list[tuple[float, dict[str, tuple[float, float, float]]]],
+def throughput(samples: list[tuple[float, dict[str, tuple[float, float, float, float | None]]]],
                tasks: list[str]) -> dict[str, Any]:
-    """The throughput samples as columns: a time axis and, per task, one value per sample."""
+    """The throughput samples as columns: a time axis and, per task, one value per sample
+    (a watermark: None where the task had none)."""
+    def value(s: dict[str, tuple[float, float, float, float | None]], k: str, i: int) -> float | None:
+        v = s[k][i] if k in s else None
+        return _num(v) if v is not None else (None if i == 3 else 0.0)
+
     def column(i: int) -> dict[str, list[float | None]]:
-        return {k: [_num(s[k][i]) if k in s else 0.0 for _, s in samples] for k in tasks}
+        return {k: [value(s, k, i) for _, s in samples] for k in tasks}
 
     return {"time": [t for t, _ in samples], "records_in_per_second": column(0),
-            "records_out_per_second": column(1), "backpressure": column(2)}
+            "records_out_per_second": column(1), "backpressure": column(2), "watermark": column(3)}
 
 
 def recovery(r: RecoveryEvent) -> dict[str, Any]:

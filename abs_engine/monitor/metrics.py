@@ -8,7 +8,7 @@ process never mix their series.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -21,6 +21,33 @@ if TYPE_CHECKING:
 
 #: Checkpoint durations in seconds: 10 ms to 10 minutes.
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+def _health_families(labels: list[str]) -> dict[str, Metric]:
+    """A task's health (runtime/task_health.py) as metric families, by TaskMetrics field."""
+    return {
+        "watermark": GaugeMetricFamily("abs_engine_task_watermark", "A task's event-time watermark (in the job's "
+                                       "event-time units; absent: no event time)", labels=labels),
+        "cpu_s": CounterMetricFamily("abs_engine_task_cpu_seconds", "CPU time of a task's worker process",
+                                     labels=labels),
+        "rss": GaugeMetricFamily("abs_engine_task_resident_bytes", "Resident memory of a task's worker process",
+                                 labels=labels),
+        "keys": GaugeMetricFamily("abs_engine_task_keys", "Keys a task's keyed operators hold", labels=labels),
+        "timers": GaugeMetricFamily("abs_engine_task_timers", "Timers a task's operators hold (open windows' "
+                                    "among them)", labels=labels),
+        "late": CounterMetricFamily("abs_engine_task_late_records", "Late records a task's windows met (this "
+                                    "attempt)", labels=labels),
+        "skipped": CounterMetricFamily("abs_engine_task_skipped_records", "Records a task's operators skipped "
+                                       "(on_error='skip')", labels=labels),
+    }
+
+
+def _add_health(families: dict[str, Metric], v: list[str], t: Any) -> None:
+    for field, family in families.items():
+        value = getattr(t, field)
+        if value is None or (field in ("keys", "timers") and value < 0) or (field == "rss" and not value):
+            continue  # not known: left out, never a made-up zero
+        family.add_metric(v, value)  # type: ignore[attr-defined]
 
 
 class _TrackerCollector(Collector):
@@ -39,6 +66,7 @@ class _TrackerCollector(Collector):
                                    "(blocked by backpressure, mostly)", labels=labels)
         bp = GaugeMetricFamily("abs_engine_task_backpressure_ratio", "Share of the last heartbeat interval a task "
                                "spent blocked sending (0..1)", labels=labels)
+        health = _health_families(labels)
         with tr.lock:
             for k, t in tr.tasks.items():
                 v = [job, k, t.vertex]
@@ -46,13 +74,14 @@ class _TrackerCollector(Collector):
                 rout.add_metric(v, t.records_out)
                 send.add_metric(v, t.send_s)
                 bp.add_metric(v, t.backpressure)
+                _add_health(health, v, t)
             counts = dict(tr.history.counts)
             restarts, records, pending = tr.restarts, tr.source_records, len(tr.pending)
             last = tr.history.completed[-1] if tr.history.completed else None
             up = (tr.end_time or tr.clock()) - tr.start_time
             recent = tr.latency.last(tr.clock())
             markers = tr.latency.count
-        yield from (rin, rout, send, bp)
+        yield from (rin, rout, send, bp, *health.values())
         if recent is not None:
             lat = GaugeMetricFamily("abs_engine_latency_seconds", "Source-to-sink latency (the age of latency "
                                     "markers at the sinks) over the last 30 s: quantile 0.5, 0.99 and 1 (the maximum)",

@@ -62,6 +62,17 @@ class TaskMetrics:
     in_rate: float = 0.0
     out_rate: float = 0.0
     backpressure: float = 0.0  #: share of the last interval spent blocked sending, 0..1
+    #: Its health, as its last heartbeat said (runtime/task_health.py): the event-time
+    #: watermark (None: none), its process's CPU seconds and resident bytes, the keys and
+    #: timers its operators hold (-1: not known), the late records its windows met (this
+    #: attempt), and the records its operators skipped (on_error="skip", every attempt).
+    watermark: float | None = None
+    cpu_s: float = 0.0
+    rss: int = 0
+    keys: int = -1
+    timers: int = -1
+    late: int = 0
+    skipped: int = 0
 
 
 @dataclass
@@ -97,7 +108,7 @@ class JobTracker:
         self.restored = 0  #: attempts that restored a checkpoint
         self.latest_restored: dict[str, Any] | None = None
         self.recoveries: collections.deque[RecoveryEvent] = collections.deque(maxlen=KEEP_CHECKPOINT_STATS)
-        self.samples: collections.deque[tuple[float, dict[str, tuple[float, float, float]]]] = \
+        self.samples: collections.deque[tuple[float, dict[str, tuple[float, float, float, float | None]]]] = \
             collections.deque(maxlen=SAMPLES)
         self.next_sample = 0.0
         self.latency = LatencyStats()  #: the ages of the latency markers the sinks reported
@@ -153,6 +164,18 @@ class JobTracker:
                 t.backpressure = min(1.0, max(0.0, send_s - t.last[3]) / dt)
             t.last = (now, records_in, records_out, send_s)
             self._set_counts(t, records_in, records_out, send_s)
+
+    def task_health(self, task: str, watermark: float | None, cpu_s: float, rss: int, keys: int, timers: int,
+                    late: int) -> None:
+        """A heartbeat's health fields (messages.Heartbeat)."""
+        with self.lock:
+            t = self.tasks[task]
+            t.watermark, t.cpu_s, t.rss, t.keys, t.timers, t.late = watermark, cpu_s, rss, keys, timers, late
+
+    def record_skipped(self, task: str) -> None:
+        with self.lock:
+            self.version += 1
+            self.tasks[task].skipped += 1
 
     def latency_reported(self, age_ms: float) -> None:
         """A sink's report of a latency marker's age (runtime/latency.py)."""
@@ -297,7 +320,7 @@ class JobTracker:
         with self.lock:
             self.version += 1  # (the stored file's throughput follows, every WRITE_EVERY)
             self.next_sample = now + SAMPLE_EVERY
-            self.samples.append((_ms(self.clock()), {k: (t.in_rate, t.out_rate, t.backpressure)
+            self.samples.append((_ms(self.clock()), {k: (t.in_rate, t.out_rate, t.backpressure, t.watermark)
                                                      for k, t in self.tasks.items()}))
 
     # ---- helpers (lock held) -------------------------------------------------------------------

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import Any, Callable
 
 from .. import messages
 from .control import ControlLink
@@ -62,9 +62,10 @@ class Watchdog:
         self.parent = os.getppid()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
-        #: Set once the task is built: its counters (records in, out, seconds sending), read
-        #: without a lock (ints and floats the task thread replaces whole, under the GIL).
-        self.counters: Callable[[], tuple[int, int, float]] | None = None
+        #: Set once the task is built: its counters (records in, out, seconds sending) and
+        #: its health (runtime/task_health.py), read without a lock (ints and floats the task
+        #: thread replaces whole, under the GIL): Heartbeat's fields after the task's id.
+        self.counters: Callable[[], tuple[Any, ...]] | None = None
 
     def start(self) -> None:
         self.thread.start()

@@ -32,6 +32,7 @@ from .channel import OutputChannel, accept_inputs
 from .control import ControlLink
 from .failure import failed_message
 from .output import OperatorFailure, Output
+from .task_health import measure
 from .task_loop import ProcessTask
 from .watchdog import Activity, Watchdog
 from .writer import SnapshotWriter
@@ -96,7 +97,7 @@ def _run(control: ControlLink, listener: socket.socket, task_id: str, generation
                        restored_finished=ready.restored_finished)
     channels = [ch for out in outputs for ch in out.channels]
     watchdog.counters = lambda: (task.records_in, task.records_out,
-                                 sum(ch.send_seconds(time.perf_counter()) for ch in channels))
+                                 sum(ch.send_seconds(time.perf_counter()) for ch in channels), *measure(task))
     control.send(messages.Running(task_id))
     task.run()
     writer.flush()

@@ -482,3 +482,26 @@ def test_show_reads_a_window_operators_state_by_its_shape(tmp_path, capsys):
     assert main(["checkpoints", "show", ck]) == 0
     text = capsys.readouterr().out
     assert "keys: 300 keys in" in text and "300 open windows" in text and "timers" in text
+
+
+def test_planning_a_spark_source_starts_no_spark(tmp_path, capsys, monkeypatch):
+    """`abs-engine plan` of a script reading CSV through Spark used to start a JVM (7 s)
+    only to print the plan."""
+    import abs_engine.spark_session as spark_session
+
+    def no_spark(*a, **kw):
+        raise AssertionError("a Spark session was started to plan")
+
+    monkeypatch.setattr(spark_session, "embedded_session", no_spark)
+    (tmp_path / "clicks.csv").write_text("user,ts\na,1\n")
+    f = tmp_path / "csv_job.py"
+    f.write_text(
+        "from abs_engine import Dataflow\n"
+        "from abs_engine.testing import CapturingSink\n"
+        "from operators.spark import SparkSource\n"
+        "flow = Dataflow('csv', parallelism=2)\n"
+        f"flow.source(SparkSource.csv({str(tmp_path / 'clicks.csv')!r}), 'clicks').sink("
+        f"CapturingSink({str(tmp_path / 'out')!r}), 'out')\n"
+        "flow.run()\n")
+    assert main(["plan", str(f)]) == 0
+    assert "SparkSource" in capsys.readouterr().out

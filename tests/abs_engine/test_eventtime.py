@@ -16,6 +16,7 @@ import pytest
 
 from abs_engine import Dataflow
 from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
+from abs_engine.testing import GatedSource as HeldSource
 from operators.base import Source
 from operators.eventtime import BoundedOutOfOrderness, ascending
 from operators.timers import KeyedTimedProcess
@@ -37,6 +38,16 @@ def out_of_order(n: int, seed: int, keys: int = 7) -> list[tuple[str, int]]:
         now += rng.randrange(0, 4)
         out.append((f"k{rng.randrange(keys)}", now - rng.randrange(0, DELAY)))
     return out
+
+
+def held(source: Any, tmp_path: Any, after: int) -> Any:
+    """``source``, each subtask held after ``after`` records until the kills are done (the
+    gate of ``killing``): a job cannot end before its kills, however fast or slow it runs."""
+    return HeldSource(source, tmp_path / "kills-done", after=after)
+
+
+def killing(after: list[int], seed: int, tmp_path: Any) -> KillOnCheckpoints:
+    return KillOnCheckpoints(after, seed=seed, open_gate=tmp_path / "kills-done")
 
 
 class PacedSource(TestingSource[Any]):
@@ -87,12 +98,13 @@ def _key(r: Any) -> str:
 def test_windows_exactly_once_under_sigkill(tmp_path, windows, mode):
     recs = out_of_order(60_000, seed=1)
     flow = Dataflow("windows", parallelism=2)
-    res = (flow.source(PacedSource(recs, batch_size=200), timestamps=_ts, watermarks=BoundedOutOfOrderness(DELAY))
+    res = (flow.source(held(PacedSource(recs, batch_size=200), tmp_path, 6_000), timestamps=_ts,
+                       watermarks=BoundedOutOfOrderness(DELAY))
            .key_by(_key).window(windows, _ts)
            .aggregate(lambda: 0, lambda a, r: a + 1, merge=lambda a, b: a + b))
     res.sink(CapturingSink(tmp_path / "out"), parallelism=1)
     res.late.sink(CapturingSink(tmp_path / "late"), parallelism=1)
-    chaos = KillOnCheckpoints([2, 5], seed=3)
+    chaos = killing([2, 5], 3, tmp_path)
     result = flow.run(chaos=chaos, restart_delay=0, checkpoint_interval=0.02, checkpoint_dir=str(tmp_path / "ck"),
                       mode=mode)
     assert_each_kill_restored(result, chaos, min_kills=1)
@@ -142,13 +154,13 @@ def test_late_data_allowed_lateness_and_side_output_exact_under_sigkill(tmp_path
         if i % 97 == 0 and t > 400:
             recs.append((k, t - rng.randrange(50, 400)))  # a straggler: late, maybe beyond the lateness
     flow = Dataflow("late", parallelism=2)
-    res = (flow.source(PacedSource(recs, batch_size=100), parallelism=1, timestamps=_ts,
+    res = (flow.source(held(PacedSource(recs, batch_size=100), tmp_path, 3_000), parallelism=1, timestamps=_ts,
                        watermarks=BoundedOutOfOrderness(DELAY))
            .key_by(_key).window(TumblingWindows(100), _ts, allowed_lateness=150)
            .aggregate(lambda: 0, lambda a, r: a + 1))
     res.sink(CapturingSink(tmp_path / "out"), parallelism=1)
     res.late.sink(CapturingSink(tmp_path / "late"), parallelism=1)
-    chaos = KillOnCheckpoints([2, 4], seed=1)
+    chaos = killing([2, 4], 1, tmp_path)
     result = flow.run(chaos=chaos, restart_delay=0, checkpoint_interval=0.02, checkpoint_dir=str(tmp_path / "ck"))
     assert_each_kill_restored(result, chaos, min_kills=1)
     out, late = late_oracle(recs, 100, DELAY, 100, 150)
@@ -173,10 +185,11 @@ class CountUntil(KeyedTimedProcess):
 def test_keyed_event_time_timers_exactly_once_under_sigkill(tmp_path):
     recs = out_of_order(20_000, seed=4)
     flow = Dataflow("timers", parallelism=2)
-    (flow.source(PacedSource(recs, batch_size=200), timestamps=_ts, watermarks=BoundedOutOfOrderness(DELAY))
+    (flow.source(held(PacedSource(recs, batch_size=200), tmp_path, 2_000), timestamps=_ts,
+                 watermarks=BoundedOutOfOrderness(DELAY))
      .key_by(_key).apply_keyed(CountUntil(), "count_until", timestamp=_ts)
      .sink(CapturingSink(tmp_path / "out"), parallelism=1))
-    chaos = KillOnCheckpoints([2, 5], seed=2)
+    chaos = killing([2, 5], 2, tmp_path)
     result = flow.run(chaos=chaos, restart_delay=0, checkpoint_interval=0.02, checkpoint_dir=str(tmp_path / "ck"))
     assert_each_kill_restored(result, chaos, min_kills=1)
     times = times_by_key(recs)
@@ -192,13 +205,13 @@ def test_interval_join_exactly_once_under_sigkill(tmp_path):
     lefts = out_of_order(6_000, seed=6, keys=20)
     rights = out_of_order(6_000, seed=7, keys=20)
     flow = Dataflow("join", parallelism=2)
-    a = flow.source(PacedSource(lefts, batch_size=100), "left", timestamps=_ts,
+    a = flow.source(held(PacedSource(lefts, batch_size=100), tmp_path, 500), "left", timestamps=_ts,
                     watermarks=BoundedOutOfOrderness(DELAY))
-    b = flow.source(PacedSource(rights, batch_size=100), "right", timestamps=_ts,
+    b = flow.source(held(PacedSource(rights, batch_size=100), tmp_path, 500), "right", timestamps=_ts,
                     watermarks=BoundedOutOfOrderness(DELAY))
     a.interval_join(b, _key, _key, _ts, _ts, -5, 10, _join, name="join").sink(
         CapturingSink(tmp_path / "out"), parallelism=1)
-    chaos = KillOnCheckpoints([2, 4], seed=5)
+    chaos = killing([2, 4], 5, tmp_path)
     result = flow.run(chaos=chaos, restart_delay=0, checkpoint_interval=0.02, checkpoint_dir=str(tmp_path / "ck"))
     assert_each_kill_restored(result, chaos, min_kills=1)
     by_key = times_by_key(rights)

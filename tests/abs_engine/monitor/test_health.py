@@ -1,0 +1,106 @@
+"""What a task's heartbeat says of its health (runtime/task_health.py), through the tracker
+to the dashboard's API and /metrics, against a real event-time job held in a known state:
+its watermark, one late record, one skipped record, the keys and timers of its open
+windows, and its process's CPU time and memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from abs_engine import Dataflow, JobResult
+from abs_engine.runtime import task_health
+from abs_engine.testing import CapturingSink, GatedSource, TestingSource
+from operators import TumblingWindows, ascending
+
+from .test_dashboard import TOKEN, get, metrics, split
+
+
+class _Time:
+    source = None
+    sent = None
+    watermark = 41.0
+
+
+class _Timers:
+    def __len__(self) -> int:
+        return 7
+
+
+class _Window:
+    state_layout = {"keys": "keyed"}
+    late_records = 2
+    timers = _Timers()
+
+    def keyed_state(self) -> dict[str, Any]:
+        return {"a": {}, "b": {}, "c": {}}
+
+
+class _Chain:
+    ops = [_Window(), object()]
+
+
+class _Task:
+    time = _Time()
+    chain = _Chain()
+
+
+def test_measure_reads_the_task_without_changing_it() -> None:
+    watermark, cpu, rss, keys, timers, late = task_health.measure(_Task())
+    assert (watermark, keys, timers, late) == (41.0, 3, 7, 2)
+    assert cpu > 0 and rss > 1 << 20
+
+
+def _skip_seven(r: tuple[str, int]) -> tuple[str, int]:
+    if r == ("k7", 7):
+        raise ValueError("seven is skipped")
+    return r
+
+
+@pytest.mark.slow
+def test_the_api_and_metrics_show_watermarks_late_and_skipped_records_keys_timers_cpu_and_memory(
+        tmp_path: Path) -> None:
+    # ts 0..99, key k(ts % 10); then one record behind the watermark: late. The gate never
+    # opens: the job holds with the windows [90, 100) open, one per key.
+    items = [(f"k{ts % 10}", ts) for ts in range(100)] + [("k0", 5)]
+    flow = Dataflow("health")
+    windows = (flow.source(GatedSource(TestingSource(items, batch_size=10), tmp_path / "never", after=len(items)),
+                           "read", timestamps=lambda r: r[1], watermarks=ascending())
+               .map(_skip_seven, "check", on_error="skip")
+               .key_by(lambda r: r[0]).window(TumblingWindows(10), lambda r: r[1])
+               .aggregate(lambda: 0, lambda a, r: a + 1, name="win"))
+    windows.sink(CapturingSink(tmp_path / "out"), "out")
+    windows.late.sink(CapturingSink(tmp_path / "late"), "late")
+    seen: dict[str, Any] = {}
+
+    def stop_when(res: JobResult) -> bool:
+        if not res.dashboard_url:
+            return False
+        url, token = split(res.dashboard_url)
+        job = get(url + "api/job", token)
+        win = [t for t in job["tasks"] if t["vertex"] == "win"]
+        if not (win and win[0]["late_records"] == 1 and win[0]["watermark"] == 98.0
+                and sum(t["skipped_records"] for t in job["tasks"]) == 1
+                and all(t["cpu_seconds"] > 0 for t in job["tasks"])):  # (every task has said it once)
+            return False
+        seen.update(job=job, metrics=metrics(get(url + "metrics", token)), skipped=res.skipped_records)
+        return True
+
+    res = flow.run(checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.2, heartbeat_interval=0.1,
+                   dashboard=0, dashboard_token=TOKEN, stop_when=stop_when)
+    assert res.cancelled and seen, "the job never showed its late and skipped records"
+    job, m = seen["job"], seen["metrics"]
+    [win] = [t for t in job["tasks"] if t["vertex"] == "win"]
+    assert (win["keys"], win["timers"]) == (10, 10)  # the windows [90, 100), one per key, each with its timer
+    assert seen["skipped"] == 1
+    assert job["watermarks"]["job"] == 98.0 and job["watermarks"]["vertices"]["win"] == 98.0
+    assert job["watermarks"]["lag"] == 0.0  # every vertex has caught up with the source
+    assert all(t["cpu_seconds"] > 0 and t["rss_bytes"] > 1 << 20 for t in job["tasks"])
+    labels = (("task", win["id"]), ("vertex", "win"))
+    assert m[("abs_engine_task_watermark", labels)] == 98.0
+    assert m[("abs_engine_task_late_records_total", labels)] == 1
+    assert m[("abs_engine_task_keys", labels)] == 10 and m[("abs_engine_task_timers", labels)] == 10
+    assert sum(v for (name, _), v in m.items() if name == "abs_engine_task_skipped_records_total") == 1
+    assert m[("abs_engine_task_resident_bytes", labels)] > 1 << 20
