@@ -83,8 +83,10 @@ def health(t: Any) -> dict[str, Any]:
 
 
 def watermarks(tr: "JobTracker") -> dict[str, Any]:
-    """Event time per vertex (the lowest of its subtasks') and the job's: the lowest of all,
-    and its lag behind the sources' newest, in event-time units (None: no event time)."""
+    """Event time per vertex (the lowest of its subtasks') and the job's (the lowest of
+    all); ``lag``: how far the slowest operator's watermark is behind the sources' (their
+    lowest: the event time every source has passed), in event-time units. None: no event
+    time (or no operator past the sources)."""
     by_vertex: dict[str, float] = {}
     sources = {c.name for c in tr.plan.chains if c.is_source}
     for t in tr.tasks.values():
@@ -92,10 +94,10 @@ def watermarks(tr: "JobTracker") -> dict[str, Any]:
             by_vertex[t.vertex] = min(by_vertex.get(t.vertex, t.watermark), t.watermark)
     if not by_vertex:
         return {"job": None, "lag": None, "vertices": {}}
-    low = min(by_vertex.values())
-    newest = max((w for v, w in by_vertex.items() if v in sources), default=None)
-    return {"job": _num(low), "lag": None if newest is None else _num(max(0.0, newest - low)),
-            "vertices": {v: _num(w) for v, w in by_vertex.items()}}
+    source_low = min((w for v, w in by_vertex.items() if v in sources), default=None)
+    others_low = min((w for v, w in by_vertex.items() if v not in sources), default=None)
+    lag = None if source_low is None or others_low is None else _num(max(0.0, source_low - others_low))
+    return {"job": _num(min(by_vertex.values())), "lag": lag, "vertices": {v: _num(w) for v, w in by_vertex.items()}}
 
 
 def latency(recent: LatencySummary | None, run: LatencySummary | None) -> dict[str, Any]:
@@ -177,8 +179,12 @@ def checkpoints(tr: "JobTracker") -> dict[str, Any]:
     history = [_pending_entry(tr, c) for c in sorted(tr.pending, reverse=True)]
     history += [entry(s) for s in reversed(tr.history.ended()[-HISTORY:])]
     return {
+        # ("failed" as Flink counts it: every checkpoint that did not complete; "expired" and
+        # "aborted" split it, as the history's statuses do)
         "counts": {"restored": tr.restored, "total": n_completed + n_failed + len(tr.pending),
-                   "in_progress": len(tr.pending), "completed": n_completed, "failed": n_failed},
+                   "in_progress": len(tr.pending), "completed": n_completed, "failed": n_failed,
+                   "expired": counts.get(CheckpointStatus.FAILED, 0),
+                   "aborted": counts.get(CheckpointStatus.ABORTED, 0)},
         "summary": {
             "end_to_end_duration": _summary([s.duration_ms for s in completed]),
             "state_size": _summary([s.state_size for s in completed]),

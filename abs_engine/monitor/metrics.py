@@ -35,7 +35,7 @@ def _health_families(labels: list[str]) -> dict[str, Metric]:
         "keys": GaugeMetricFamily("abs_engine_task_keys", "Keys a task's keyed operators hold", labels=labels),
         "timers": GaugeMetricFamily("abs_engine_task_timers", "Timers a task's operators hold (open windows' "
                                     "among them)", labels=labels),
-        "late": CounterMetricFamily("abs_engine_task_late_records", "Late records a task's windows met (this "
+        "late": CounterMetricFamily("abs_engine_task_late_records", "Late records a task's windows met (every "
                                     "attempt)", labels=labels),
         "skipped": CounterMetricFamily("abs_engine_task_skipped_records", "Records a task's operators skipped "
                                        "(on_error='skip')", labels=labels),

@@ -64,14 +64,16 @@ class TaskMetrics:
     backpressure: float = 0.0  #: share of the last interval spent blocked sending, 0..1
     #: Its health, as its last heartbeat said (runtime/task_health.py): the event-time
     #: watermark (None: none), its process's CPU seconds and resident bytes, the keys and
-    #: timers its operators hold (-1: not known), the late records its windows met (this
-    #: attempt), and the records its operators skipped (on_error="skip", every attempt).
+    #: timers its operators hold (-1: not known), the late records its windows met and the
+    #: records its operators skipped (on_error="skip"), both over every attempt (a record
+    #: met again after a restore counts again, as ``JobResult.skipped_records`` counts it).
     watermark: float | None = None
     cpu_s: float = 0.0
     rss: int = 0
     keys: int = -1
     timers: int = -1
     late: int = 0
+    late_base: int = 0  #: the late records of earlier attempts
     skipped: int = 0
 
 
@@ -124,6 +126,7 @@ class JobTracker:
             self.attempt = attempt
             for t in self.tasks.values():
                 t.base = (t.records_in, t.records_out, t.send_s)
+                t.late_base = t.late
                 t.status, t.pid, t.last = "DEPLOYING", None, None
                 t.in_rate = t.out_rate = t.backpressure = 0.0
             if restored_from is not None:
@@ -170,7 +173,8 @@ class JobTracker:
         """A heartbeat's health fields (messages.Heartbeat)."""
         with self.lock:
             t = self.tasks[task]
-            t.watermark, t.cpu_s, t.rss, t.keys, t.timers, t.late = watermark, cpu_s, rss, keys, timers, late
+            t.watermark, t.cpu_s, t.rss, t.keys, t.timers = watermark, cpu_s, rss, keys, timers
+            t.late = t.late_base + late
 
     def record_skipped(self, task: str) -> None:
         with self.lock:

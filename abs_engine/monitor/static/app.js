@@ -36,9 +36,9 @@
     lastUpdate: null
   };
 
-  var charts = { out: null, bp: null, cp: null };
-  var chartKeys = { out: "", bp: "", cp: "" };
-  var zoomed = { out: false, bp: false, cp: false };  // the user dragged a range: new data keep it
+  var charts = { out: null, bp: null, wm: null, cp: null };
+  var chartKeys = { out: "", bp: "", wm: "", cp: "" };
+  var zoomed = { out: false, bp: false, wm: false, cp: false };  // the user dragged a range: new data keep it
   var graphCache = { key: "", svg: null, boxes: {} };
 
   // ---------------------------------------------------------------------------------
@@ -310,8 +310,16 @@
     setText("job-name", job.name ? String(job.name) : DASH);
     setText("job-id", str(job.jid));
     var st = $("job-state");
-    st.textContent = str(job.state);
-    st.className = "badge " + stateClass(job.state);
+    if (model.connected === false && !REPORT && !ENDED[job.state]) {
+      // The driver is gone: its last word (RUNNING) is no longer known to be true.
+      st.textContent = "UNKNOWN";
+      st.className = "badge state-unknown";
+      st.title = "last state reported: " + str(job.state) + "; the dashboard lost the driver";
+    } else {
+      st.textContent = str(job.state);
+      st.className = "badge " + stateClass(job.state);
+      st.title = "";
+    }
     setText("job-mode", str(job.mode));
     setText("job-interval", isNum(job.checkpoint_interval) ? fmtNum(job.checkpoint_interval) + " s" :
       (job.checkpoint_interval === null ? "none" : DASH));
@@ -743,6 +751,43 @@
       "records/s", function (v) { return fmtRate(v); });
     drawTaskChart("bp", $("chart-bp"), ok, xs, tasks, colours, obj(tp.backpressure), 100,
       "%", function (v) { return isNum(v) ? (v < 10 && v > 0 ? oneFmt.format(v) : intFmt.format(v)) + " %" : DASH; });
+    var lag = watermarkLag(job, obj(tp.watermark), xs.length);
+    if (ok && !lag.any) {
+      destroyChart("wm");
+      placeholder($("chart-wm"), "no watermarks: the job has no event time, or none has reached a task yet");
+    } else {
+      drawTaskChart("wm", $("chart-wm"), ok, xs, tasks, colours, lag.series, 1, "",
+        function (v) { return isNum(v) ? fmtNum(v) : DASH; });
+    }
+  }
+
+  // Per sample, how far each operator task's watermark is behind the sources' (the lowest
+  // source task's: the event time every source has passed), in the job's own event-time
+  // units; null where a task had none. Sources are the reference: no line of their own.
+  function watermarkLag(job, wm, n) {
+    var sources = {};
+    arr(job.vertices).forEach(function (v) { if (v && v.is_source) { sources[v.id] = true; } });
+    var vertexOf = {};
+    arr(job.tasks).forEach(function (t) { if (t) { vertexOf[t.id] = t.vertex; } });
+    var lowest = [];
+    for (var i = 0; i < n; i++) {
+      var low = null;
+      Object.keys(wm).forEach(function (id) {
+        var v = arr(wm[id])[i];
+        if (sources[vertexOf[id]] && isNum(v) && (low === null || v < low)) { low = v; }
+      });
+      lowest.push(low);
+    }
+    var series = {}, any = false;
+    Object.keys(wm).forEach(function (id) {
+      if (sources[vertexOf[id]]) { return; }
+      series[id] = arr(wm[id]).map(function (v, i) {
+        if (!isNum(v) || lowest[i] === null) { return null; }
+        any = true;
+        return Math.max(0, lowest[i] - v);
+      });
+    });
+    return { series: series, any: any };
   }
 
   function drawTaskChart(name, el, ok, xs, tasks, colours, series, factor, unit, fmt) {
@@ -855,7 +900,7 @@
   }
 
   function resizeCharts() {
-    [["out", "chart-out"], ["bp", "chart-bp"], ["cp", "chart-cp"]].forEach(function (p) {
+    [["out", "chart-out"], ["bp", "chart-bp"], ["wm", "chart-wm"], ["cp", "chart-cp"]].forEach(function (p) {
       var c = charts[p[0]];
       if (c) {
         var el = $(p[1]);
@@ -895,6 +940,14 @@
       tr.appendChild(td(fmtRate(t.records_out_per_second), "num"));
       var bp = td(fmtPct(t.backpressure), "num bp-cell " + bpClass(t.backpressure));
       tr.appendChild(bp);
+      // Health (runtime/task_health.py): absent (null) while not known, shown as a dash.
+      tr.appendChild(td(isNum(t.watermark) ? fmtNum(t.watermark) : DASH, "num task-watermark"));
+      tr.appendChild(td(fmtInt(t.late_records), "num task-late"));
+      tr.appendChild(td(fmtInt(t.skipped_records), "num task-skipped"));
+      tr.appendChild(td(fmtInt(t.keys), "num task-keys"));
+      tr.appendChild(td(fmtInt(t.timers), "num task-timers"));
+      tr.appendChild(td(isNum(t.cpu_seconds) ? oneFmt.format(t.cpu_seconds) + " s" : DASH, "num task-cpu"));
+      tr.appendChild(td(isNum(t.rss_bytes) ? fmtBytes(t.rss_bytes) : DASH, "num task-rss"));
       frag.appendChild(tr);
     });
     clear(tbody);
@@ -906,7 +959,10 @@
     var cps = obj(model.cps);
     var c = obj(cps.counts);
     setText("completed-count", isNum(c.completed) ? fmtInt(c.completed) : "0");
-    setText("failed-count", isNum(c.failed) ? fmtInt(c.failed) : "0");
+    // An aborted checkpoint (subsumed, a failover, the job's end) is not a failure: its own
+    // count, as its rows say ABORTED (older statistics have only "failed": all of them).
+    setText("failed-count", isNum(c.expired) ? fmtInt(c.expired) : (isNum(c.failed) ? fmtInt(c.failed) : "0"));
+    setText("aborted-count", isNum(c.aborted) ? fmtInt(c.aborted) : "0");
     setText("in-progress-count", isNum(c.in_progress) ? fmtInt(c.in_progress) : "0");
     setText("restored-count", isNum(c.restored) ? fmtInt(c.restored) : "0");
     setText("total-count", isNum(c.total) ? fmtInt(c.total) : "0");

@@ -1,4 +1,5 @@
-"""A paced job for the browser test: runs until SIGTERM stops it with a savepoint.
+"""A paced event-time job for the browser test: runs until SIGTERM stops it with a savepoint.
+Its windows meet one late record (``LATE_AT``) and a map skips one (``SKIP_AT``).
 
     python dashboard_job.py CHECKPOINT_DIR
 """
@@ -11,7 +12,7 @@ import time
 
 from abs_engine import Dataflow
 from abs_engine.testing import CapturingSink
-from operators import RangeSource
+from operators import RangeSource, TumblingWindows, ascending
 
 
 def paced(i: int) -> str:
@@ -20,12 +21,36 @@ def paced(i: int) -> str:
     return f"w{i}"
 
 
+LATE_AT, SKIP_AT = 5_000, 7_000  #: the record whose timestamp is far behind, the one a map skips
+
+
+def timestamp(i: int) -> int:
+    return 0 if i == LATE_AT else i  # behind the watermark once the window [0, 1000) has fired
+
+
+def event_time(w: str) -> int:
+    return timestamp(int(w[1:]))
+
+
+def checked(w: str) -> str:
+    if w == f"w{SKIP_AT}":
+        raise ValueError("this record is skipped")
+    return w
+
+
 def main(directory: str) -> None:
     flow = Dataflow("browser")
     # Generated, not a list: 10M strings built and shipped to the workers cost seconds.
-    (flow.source(RangeSource(10_000_000, batch_size=100), "read", parallelism=2)
-     .map(paced, "paced", parallelism=2).key_by(lambda w: w[-2:]).count("count", parallelism=2)
-     .sink(CapturingSink(os.path.join(directory, "out")), "out"))
+    words = (flow.source(RangeSource(10_000_000, batch_size=100), "read", parallelism=2, timestamps=timestamp,
+                         watermarks=ascending())
+             .map(paced, "paced", parallelism=2).map(checked, "checked", on_error="skip"))
+    words.key_by(lambda w: w[-2:]).count("count", parallelism=2).sink(CapturingSink(os.path.join(directory, "out")),
+                                                                      "out")
+    # Event time: windows per key, with the late record on their side output.
+    windows = (words.key_by(lambda w: w[-1:]).window(TumblingWindows(1_000), event_time)
+               .aggregate(lambda: 0, lambda a, w: a + 1, name="windows", parallelism=2))
+    windows.sink(CapturingSink(os.path.join(directory, "windows")), "window_out")
+    windows.late.sink(CapturingSink(os.path.join(directory, "late")), "late")
     flow.run(checkpoint_dir=os.path.join(directory, "ckpt"), checkpoint_interval=0.3, dashboard=0,
              channel_buffer=65536)
 

@@ -110,6 +110,21 @@ def test_dashboard_of_a_running_job_and_its_report(browser, tmp_path: Path) -> N
         page.wait_for_function("() => Number(document.querySelector('#completed-count').textContent"
                                ".replace(/,/g, '')) >= 2", timeout=60_000)
         assert page.locator("#job-graph").count() == 1 and number(page, "#restart-count") == 0
+        # event time and health: the windows' watermark moves, the late record and the skipped
+        # one show in the task table as the API has them, and the watermark-lag chart is drawn
+        watermark = "() => [...document.querySelectorAll('#task-table tbody tr')].filter(r => " \
+                    "r.children[1].textContent === 'windows').map(r => r.querySelector('.task-watermark').textContent)"
+        first = page.evaluate(watermark)
+        page.wait_for_function(f"() => ({watermark})().join() !== {json.dumps(','.join(first))} && "
+                               f"({watermark})().every(w => w !== '\u2014')", timeout=60_000)
+        page.wait_for_function("() => [...document.querySelectorAll('#task-table .task-late')]"
+                               ".some(c => c.textContent === '1')", timeout=60_000)
+        page.wait_for_function("() => [...document.querySelectorAll('#task-table .task-skipped')]"
+                               ".some(c => c.textContent === '1')", timeout=60_000)
+        job = api(url, "/api/job")
+        assert sum(t["skipped_records"] for t in job["tasks"]) >= 1 and job["watermarks"]["job"] is not None
+        assert page.locator("#chart-wm canvas").count() >= 1
+        assert all(c != "\u2014" for c in page.locator("#task-table .task-cpu").all_text_contents())
         # SIGKILL a worker that is not a source: the dashboard shows the restart and its recovery
         victim = next(t for t in api(url, "/api/job")["tasks"] if t["vertex"] == "count" and t["pid"])
         os.kill(victim["pid"], signal.SIGKILL)

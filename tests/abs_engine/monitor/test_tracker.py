@@ -62,7 +62,8 @@ def test_a_completed_checkpoint_has_each_subtask_and_flink_fields(tmp_path) -> N
     assert sub[tasks[0]]["state_size"] == 100 and sub[tasks[0]]["checkpoint"] == {"sync": 2.0, "async": 3.0}
     assert sub[tasks[0]]["alignment"]["duration"] == 1.5 and sub[tasks[0]]["start_delay"] == 4.0
     cps = tr.checkpoints_doc()
-    assert cps["counts"] == {"restored": 0, "total": 1, "in_progress": 0, "completed": 1, "failed": 0}
+    assert cps["counts"] == {"restored": 0, "total": 1, "in_progress": 0, "completed": 1, "failed": 0,
+                             "expired": 0, "aborted": 0}
     assert cps["latest"]["completed"]["id"] == 1 and cps["latest"]["failed"] is None
     assert cps["summary"]["state_size"]["max"] == sum(100 + i for i in range(len(tasks))) == stat.bytes
 
@@ -88,7 +89,9 @@ def test_pending_expired_subsumed_and_failover_statuses(tmp_path) -> None:  # ty
     aborted = tr.abort_pending("job failover: task x died")
     assert [(s.checkpoint_id, s.status) for s in aborted] == [(4, CheckpointStatus.ABORTED)]
     cps = tr.checkpoints_doc()
-    assert cps["counts"] == {"restored": 0, "total": 4, "in_progress": 0, "completed": 1, "failed": 3}
+    # (failed as Flink counts it: expired and aborted together; each apart too)
+    assert cps["counts"] == {"restored": 0, "total": 4, "in_progress": 0, "completed": 1, "failed": 3,
+                             "expired": 1, "aborted": 2}
     assert [(h["id"], h["status"]) for h in cps["history"]] == [(4, "ABORTED"), (3, "COMPLETED"), (2, "ABORTED"),
                                                                  (1, "FAILED")]
     assert cps["latest"]["failed"]["failure_message"] == "job failover: task x died"
