@@ -45,7 +45,8 @@ from .source_records import SourceRecords
 
 
 class JobCancelled(Exception):
-    """``stop_when`` asked to stop: the workers are killed; run() returns the result."""
+    """``stop_when`` or the dashboard's cancel asked to stop (the first argument says which):
+    the workers are killed; run() returns the result."""
 
 
 class AttemptDriver:
@@ -139,8 +140,8 @@ class AttemptDriver:
             self._track_triggers()
             self._on_expired()
         attempt.check(now, Silence.of(cfg.heartbeat_bound(), cfg.task_timeout))
-        if cfg.stop_when is not None and cfg.stop_when(self.result):
-            raise JobCancelled()
+        if (cfg.stop_when is not None and cfg.stop_when(self.result)) or self.requests.cancelled:
+            raise JobCancelled(self.requests.cancelled or "stop_when")
         if time.monotonic() >= self.next_progress:
             self.next_progress = time.monotonic() + 1.0
             self.tracker.set_source_records(self.sources.count())

@@ -144,10 +144,11 @@ class JobMaster:
         if self.config.dashboard is None:
             yield
             return
+        from ..monitor.controls import Controls
         from ..monitor.dashboard import Dashboard
 
         with Dashboard(self.tracker, self.config.dashboard_host, self.config.dashboard,
-                       token=self.config.dashboard_token) as board:
+                       token=self.config.dashboard_token, controls=Controls(self.requests, self._announce)) as board:
             self.result.dashboard_url = board.url
             print(f"[{self.log_prefix}] dashboard: {board.url}", file=sys.stderr, flush=True)
             yield
@@ -248,9 +249,9 @@ class JobMaster:
                 try:
                     self._attempt(attempt, listener, storage, meta, next_id, restore_root)
                     return
-                except JobCancelled:
+                except JobCancelled as c:
                     self.result.cancelled = True
-                    self._log("cancelled by stop_when")
+                    self._log(f"cancelled by {c.args[0] if c.args else 'stop_when'}")
                     return
                 except WorkerFailure as f:
                     self.result.failures.append(str(f))
@@ -279,6 +280,10 @@ class JobMaster:
     def _log(self, msg: str) -> None:
         if self.config.progress:
             print(f"[{self.log_prefix}] {msg}", file=sys.stderr, flush=True)
+
+    def _announce(self, msg: str) -> None:
+        """Always said, progress lines or not: what someone did to the job (a control)."""
+        print(f"[{self.log_prefix}] {msg}", file=sys.stderr, flush=True)
 
     # ---- one attempt ------------------------------------------------------------------------
 

@@ -27,6 +27,18 @@ class SavepointRequests:
         self._lock = threading.Lock()
         self._open: list[_Request] = []
         self._closed = ""
+        #: Why the job was asked to stop at once, without a savepoint (the dashboard's
+        #: cancel); "" while nobody has. Read by the attempt's loop, set from any thread.
+        self.cancelled = ""
+
+    def cancel(self, why: str) -> bool:
+        """Ask the job to stop at once (its workers killed, its checkpoints kept): False if
+        it has ended already."""
+        with self._lock:
+            if self._closed:
+                return False
+            self.cancelled = self.cancelled or why
+        return True
 
     def submit(self, stop: bool) -> "concurrent.futures.Future[str]":
         """A request (from any thread): a savepoint, and then a stop if ``stop``."""

@@ -43,7 +43,7 @@ class JobResult:
     #: Checkpoints a restore passed over (corrupt or incomplete), each with the reason.
     skipped_checkpoints: list[str] = field(default_factory=list)
     checkpoint_dir: str = ""  #: where this run's checkpoints went
-    cancelled: bool = False  #: ``stop_when`` ended the job
+    cancelled: bool = False  #: ``stop_when``, or the dashboard's cancel, ended the job
     savepoint: str = ""  #: the last savepoint taken (its location)
     stopped_with_savepoint: bool = False  #: a signal stopped the job after its savepoint
     #: Every failover: the task that failed and why, the checkpoint restored, the time
@@ -99,7 +99,7 @@ class JobResult:
         """One paragraph: what ran, for how long, what it read, its checkpoints and restarts,
         where the details are."""
         what = f"pipeline {self.pipeline!r} of job {self.job!r}" if self.pipeline else f"job {self.job!r}"
-        end = ("stopped by stop_when" if self.cancelled else "stopped with a savepoint" if self.stopped_with_savepoint
+        end = ("cancelled" if self.cancelled else "stopped with a savepoint" if self.stopped_with_savepoint
                else "ended")
         parts = [f"{what} {end} after {self.duration_s:.1f} s (running after {self.running_after_s:.1f} s)",
                  f"{self.source_records:,} source records",

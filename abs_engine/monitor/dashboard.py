@@ -39,6 +39,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .controls import Controls
+from .controls import routes as control_routes
 from .metrics import JobMetrics
 from .tracker import JobTracker
 
@@ -113,7 +115,7 @@ class TokenMiddleware:
 
 
 def make_app(tracker: JobTracker, metrics: JobMetrics, allowed_hosts: list[str] | None, token: str,
-             cookie: str) -> Starlette:
+             cookie: str, controls: Controls | None = None) -> Starlette:
     async def index(request: Request) -> Response:
         return FileResponse(os.path.join(STATIC, "index.html"), headers=_HEADERS)
 
@@ -141,6 +143,7 @@ def make_app(tracker: JobTracker, metrics: JobMetrics, allowed_hosts: list[str] 
     return Starlette(routes=[
         Route("/", index), Route("/api/job", job), Route("/api/checkpoints", checkpoints),
         Route("/api/checkpoints/{cid}", checkpoint), Route("/metrics", prometheus),
+        *control_routes(controls, _HEADERS),
         Mount("/static", StaticFiles(directory=STATIC)),
     ], middleware=middleware)
 
@@ -148,9 +151,11 @@ def make_app(tracker: JobTracker, metrics: JobMetrics, allowed_hosts: list[str] 
 class Dashboard:
     """Serves ``tracker`` on ``host:port`` from a daemon thread, as a context manager.
 
-    ``token`` (None: a random one) is what every request must carry; ``url`` carries it."""
+    ``token`` (None: a random one) is what every request must carry; ``url`` carries it.
+    ``controls``: what the savepoint, stop and cancel buttons reach (monitor/controls.py)."""
 
-    def __init__(self, tracker: JobTracker, host: str, port: int, token: str | None = None):
+    def __init__(self, tracker: JobTracker, host: str, port: int, token: str | None = None,
+                 controls: Controls | None = None):
         try:
             self.sock = socket.create_server((host, port), family=_family(host), backlog=128)
         except OSError as e:
@@ -164,7 +169,7 @@ class Dashboard:
         allowed = ["localhost", "127.0.0.1", "[::1]", "::1"] if loopback else None
         try:
             self.metrics = JobMetrics(tracker)
-            app = make_app(tracker, self.metrics, allowed, self.token, cookie_name(bound[1]))
+            app = make_app(tracker, self.metrics, allowed, self.token, cookie_name(bound[1]), controls)
             self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                                         log_config=None))
         except BaseException:

@@ -1379,6 +1379,7 @@
     guard("checkpoint table", renderCheckpointTable);
     guard("checkpoint detail", renderDetail);
     guard("recoveries", renderRecoveries);
+    guard("controls", renderControls);
   }
 
   // ---------------------------------------------------------------------------------
@@ -1470,7 +1471,53 @@
   // ---------------------------------------------------------------------------------
   // start
 
+  // ---------------------------------------------------------------------------------
+  // controls (monitor/controls.py): each asks for a confirmation, then posts; the answer
+  // (the savepoint's location, or why there is none) is shown beside the buttons.
+
+  var CONTROLS = {
+    savepoint: "Take a savepoint of this job now? It keeps running.",
+    stop: "Take a savepoint, commit the sinks, then STOP this job?",
+    cancel: "CANCEL this job at once, without a savepoint? Its checkpoints stay; resume from them later."
+  };
+  var controlBusy = false;
+
+  function renderControls() {
+    var job = obj(model.job);
+    var live = !REPORT && model.connected === true && !ENDED[job.state];
+    Object.keys(CONTROLS).forEach(function (op) {
+      var b = $("control-" + op);
+      if (b) { b.disabled = !live || controlBusy; }
+    });
+  }
+
+  function control(op) {
+    if (controlBusy || !window.confirm(CONTROLS[op])) { return; }
+    controlBusy = true;
+    renderControls();
+    setText("control-status", op === "cancel" ? "cancelling…" : "taking a savepoint…");
+    fetch("api/controls/" + op, { method: "POST", cache: "no-store",
+      headers: { "Content-Type": "application/json", Accept: "application/json" }, body: "{}" })
+      .then(function (r) {
+        return r.json().catch(function () { return {}; }).then(function (body) {
+          if (!r.ok) { throw new Error(typeof body.error === "string" ? body.error : "HTTP " + r.status); }
+          return body;
+        });
+      })
+      .then(function (body) {
+        setText("control-status", body.savepoint ? "savepoint: " + String(body.savepoint) +
+          (body.stopping ? " (stopping)" : "") : "cancel asked for");
+      }, function (e) {
+        setText("control-status", "not done: " + (e && e.message ? e.message : String(e)));
+      })
+      .then(function () { controlBusy = false; renderControls(); });
+  }
+
   function start() {
+    Object.keys(CONTROLS).forEach(function (op) {
+      var b = $("control-" + op);
+      if (b) { b.addEventListener("click", function () { control(op); }); }
+    });
     var table = $("checkpoint-table");
     table.addEventListener("click", onTableClick);
     table.addEventListener("keydown", onTableKey);

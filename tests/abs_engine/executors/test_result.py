@@ -32,6 +32,6 @@ def test_a_result_prints_as_a_summary_and_keeps_every_field_one_call_away() -> N
     assert len(full) > 5_000 and full.count("killed by signal 9") >= 80 and "pipeline='p2'" in full
 
 
-def test_a_stopped_pipeline_says_so() -> None:
+def test_a_cancelled_pipeline_says_so() -> None:
     text = str(JobResult("j", pipeline="read", cancelled=True))
-    assert text.startswith("pipeline 'read' of job 'j' stopped by stop_when") and "latency" not in text
+    assert text.startswith("pipeline 'read' of job 'j' cancelled after") and "latency" not in text

@@ -125,6 +125,23 @@ def test_dashboard_of_a_running_job_and_its_report(browser, tmp_path: Path) -> N
         assert sum(t["skipped_records"] for t in job["tasks"]) >= 1 and job["watermarks"]["job"] is not None
         assert page.locator("#chart-wm canvas").count() >= 1
         assert all(c != "\u2014" for c in page.locator("#task-table .task-cpu").all_text_contents())
+        # the savepoint button: confirmed in a dialog, answered with the savepoint's location
+        dialogs: list[str] = []
+
+        def accept(d: Any) -> None:
+            dialogs.append(d.message)
+            d.accept()
+
+        page.once("dialog", accept)
+        page.click("#control-savepoint")
+        page.wait_for_function("() => document.querySelector('#control-status').textContent"
+                               ".startsWith('savepoint: ')", timeout=60_000)
+        where = page.text_content("#control-status").removeprefix("savepoint: ")
+        assert len(dialogs) == 1 and "savepoint" in dialogs[0].lower()
+        from abs_engine.checkpoint.remote import open_storage
+
+        saved = open_storage(where)
+        assert saved.verify(saved.completed_ids()[0])  # a whole savepoint, where the page says
         # SIGKILL a worker that is not a source: the dashboard shows the restart and its recovery
         victim = next(t for t in api(url, "/api/job")["tasks"] if t["vertex"] == "count" and t["pid"])
         os.kill(victim["pid"], signal.SIGKILL)
