@@ -100,7 +100,7 @@ def test_the_readme_is_a_front_page_that_links_every_guide() -> None:
         assert (DOCS / f"{page}.md").exists(), page
         assert f"](docs/{page}.md" in readme, f"README.md does not link docs/{page}.md"
     # .ci/run runs the README's test command: the two must stay the same.
-    command = "python3 -m pip install -e '.[dev]' && python3 -m pytest"
+    command = "python3 -m pip install -e '.[dev]' && python3 -m pytest -m 'not serial' && python3 -m pytest -n 0 -m serial"
     assert command in readme and command in (ROOT / ".ci" / "run").read_text()
 
 

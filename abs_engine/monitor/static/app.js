@@ -493,6 +493,10 @@
   function buildGraph(job) {
     var vertices = arr(job.vertices).filter(function (v) { return v && v.id !== undefined; });
     var edges = arr(job.edges).filter(function (e) { return e && e.source !== undefined && e.target !== undefined; });
+    // Boxes as wide as the longest name needs (a source tag and the parallelism beside it),
+    // up to 360 px; a longer name is cut with an ellipsis, whole in the box's tooltip.
+    var longest = vertices.reduce(function (m, v) { return Math.max(m, String(v.name || v.id).length); }, 0);
+    G.boxW = Math.round(Math.min(360, Math.max(190, 110 + longest * 7.4)));
     var L = layout(vertices, edges);
     var backEdges = edges.filter(function (e) { return e.back_edge; });
     // forward edges that skip a column and would cross a box there go over the top, one lane each
