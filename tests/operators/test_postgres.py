@@ -24,7 +24,7 @@ from operators.base import OperatorContext
 from operators.postgres import PostgresProblem, PostgresSink, PostgresSinkError
 
 from .postgres_server import Server, postgres  # noqa: F401 - the fixture
-from .sink_kills import KillAtStep
+from .sink_kills import KillAtStep, run_killing_drivers
 
 _names = itertools.count()
 
@@ -264,20 +264,9 @@ def test_sigkills_of_the_supervised_driver_leave_the_table_equal_to_the_oracle(p
     """The driver SIGKILLed twice, each time once a newer checkpoint completed (the source
     held by its gate meanwhile); its workers go with it, a new driver resumes, and a worker
     of a dead driver that still commits is fenced. The table equals the input."""
-    from tests.abs_engine.executors.procs import run_in_thread
-    from tests.abs_engine.executors.test_supervisor import kill_drivers
-
     table = fresh_table(postgres)
     items = events(30_000)
     gate, ck = tmp_path / "gate", str(tmp_path / "ck")
     flow = gated_flow(PostgresSink(postgres.dsn(), table, ["k", "n", "label"]), items, gate, 4_000, 2, "driver")
-    t, box = run_in_thread(lambda: flow.run(supervise=True, checkpoint_dir=ck, checkpoint_interval=0.05,
-                                            restart_delay=0.2, driver_restarts=3))
-    try:
-        kill_drivers(ck, 2)
-    finally:
-        gate.touch()
-        t.join(120)
-    assert not t.is_alive() and "error" not in box, box.get("error")
-    assert box["result"].driver_crashes == ["killed by signal 9"] * 2
+    run_killing_drivers(flow, ck, gate)
     assert appended(postgres, table) == collections.Counter(items)

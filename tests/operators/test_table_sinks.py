@@ -21,7 +21,7 @@ from operators.delta import DeltaSink
 from operators.epoch_sink import EpochSink, TableAheadError
 from operators.iceberg import IcebergSink
 
-from .sink_kills import KillAtStep
+from .sink_kills import KillAtStep, run_killing_drivers
 
 pa = pytest.importorskip("pyarrow")
 SCHEMA = pa.schema([("k", pa.string()), ("n", pa.int64()), ("label", pa.string())])
@@ -205,21 +205,10 @@ def test_sigkills_of_the_supervised_driver_leave_the_table_equal_to_the_oracle(t
     """The driver SIGKILLed twice, each time once a newer checkpoint completed (the source
     held by its gate meanwhile); its workers go with it and a new driver resumes. The table,
     read by the format's own reader, equals the input."""
-    from tests.abs_engine.executors.procs import run_in_thread
-    from tests.abs_engine.executors.test_supervisor import kill_drivers
-
     gate, ck = tmp_path / "gate", str(tmp_path / "ck")
     items = events(20_000)
     flow = flow_into(sink(kind, tmp_path), items, name="driver", gate=gate, hold_after=3_000)
-    t, box = run_in_thread(lambda: flow.run(supervise=True, checkpoint_dir=ck, checkpoint_interval=0.05,
-                                            restart_delay=0.2, driver_restarts=3))
-    try:
-        kill_drivers(ck, 2)
-    finally:
-        gate.touch()
-        t.join(120)
-    assert not t.is_alive() and "error" not in box, box.get("error")
-    assert box["result"].driver_crashes == ["killed by signal 9"] * 2
+    run_killing_drivers(flow, ck, gate)
     assert collections.Counter(rows_in(kind, tmp_path)) == collections.Counter(items)
 
 
