@@ -49,6 +49,7 @@ def watermark_of(task: Any) -> float | None:
 def held(task: Any) -> tuple[int, int, int]:
     """(keys, timers, late records) of the task's operators; -1 where not known now."""
     keys = timers = late = 0
+    unknown = False
     for op in getattr(task.chain, "ops", []):
         late += int(getattr(op, "late_records", 0))
         state = op.keyed_state() if hasattr(op, "keyed_state") else getattr(op, "state", None)
@@ -59,8 +60,8 @@ def held(task: Any) -> tuple[int, int, int]:
             try:
                 timers += len(service)
             except RuntimeError:  # resized by the task thread while counted
-                timers = -1 if timers >= 0 else timers
-    return keys, timers, late
+                unknown = True
+    return keys, -1 if unknown else timers, late
 
 
 def measure(task: Any) -> tuple[float | None, float, int, int, int, int]:

@@ -53,6 +53,25 @@ def test_measure_reads_the_task_without_changing_it() -> None:
     assert cpu > 0 and rss > 1 << 20
 
 
+class _Resized:
+    def __len__(self) -> int:
+        raise RuntimeError("dictionary changed size during iteration")
+
+
+def test_a_count_read_while_it_changes_is_unknown_not_wrong() -> None:
+    """One operator's timers resized under the watchdog: the task's timers are -1
+    (unknown), never the others' sum."""
+    resized = _Window()
+    resized.timers = _Resized()  # type: ignore[assignment]
+
+    class Chain:
+        ops = [resized, _Window()]
+
+    task = _Task()
+    task.chain = Chain()  # type: ignore[assignment]
+    assert task_health.held(task) == (6, -1, 4)
+
+
 def _skip_seven(r: tuple[str, int]) -> tuple[str, int]:
     if r == ("k7", 7):
         raise ValueError("seven is skipped")
