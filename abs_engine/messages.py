@@ -143,6 +143,13 @@ class Heartbeat(Message):
     keys: int = -1
     timers: int = -1
     late: int = 0
+    #: A source task's progress (operators/progress.py): units left to read and in the
+    #: whole input (-1: unbounded or not known), the unit ("": the source does not say)
+    #: and its offset as a person reads it.
+    left: int = -1
+    total: int = -1
+    unit: str = ""
+    position: str = ""
 
 
 @dataclass(frozen=True)

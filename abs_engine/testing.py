@@ -30,6 +30,7 @@ from typing import Any, Callable, Generic, Iterable, TypeVar
 from operators.base import OperatorContext, Source, WrappingSource
 from operators.files import FileSink
 from operators.generators import Progressions
+from operators.progress import SourceProgress
 
 from . import codec
 
@@ -59,8 +60,8 @@ def _the_abort() -> _Abort:
 
 class TestingSource(Source[T]):
     """The records of ``items``, replayable (offsets are list indices); subtask i of p reads
-    items i, i+p, i+2p, ... ``ABORT`` in the list kills the reading worker in the first
-    attempt (and is never emitted)."""
+    items i, i+p, i+2p, ..., up to ``batch_size`` per batch. ``ABORT`` in the list kills
+    the reading worker in the first attempt (and is never emitted)."""
 
     __test__ = False  # not a pytest test class
     ABORT = _Abort()
@@ -98,6 +99,9 @@ class TestingSource(Source[T]):
         p_old = len(old)
         absolute = [k + s * p_old if isinstance(s, int) else s for k, s in enumerate(old)]
         return Progressions.rescale(len(self.items), absolute, p_old, index, parallelism)
+
+    def progress(self) -> SourceProgress:
+        return self.todo.progress()
 
 
 class GatedSource(WrappingSource[T], Generic[T]):
@@ -177,6 +181,7 @@ class CapturingSink(FileSink):
         super().__init__(os.path.join(directory, "captured"), format=_msgpack_line, directory=True)
 
     def records(self) -> list[Any]:
+        """Every committed record, read back from the directory (call it after the run)."""
         out: list[Any] = []
         base = self.path
         if not os.path.isdir(base):
@@ -188,9 +193,10 @@ class CapturingSink(FileSink):
 
 
 def fail_at(n: int, kind: str = "raise", attempts: tuple[int, ...] = (0,)) -> Callable[[Any], Any]:
-    """A map function (use with ``.map(...)``) that fails at its n-th record (1-based) in
-    the given attempts: ``kind="raise"`` raises RuntimeError, ``kind="kill"`` SIGKILLs the
-    worker process it runs in. Counting is per subtask and restarts with the process."""
+    """A map function (use with ``.map(...)``) that fails at its ``n``-th record (1-based)
+    in the attempts numbered in ``attempts`` (default: the first only): ``kind="raise"``
+    raises RuntimeError, ``kind="kill"`` SIGKILLs the worker process it runs in (as
+    ``crash()``). Counting is per subtask and restarts with the process."""
     if kind not in ("raise", "kill"):
         raise ValueError("kind must be 'raise' or 'kill'")
     seen = 0
@@ -237,7 +243,8 @@ def _kill_one(rng: random.Random, pids: dict[str, int]) -> str | None:
 
 
 class RandomKills:
-    """SIGKILL a random live worker at each moment in ``times`` (seconds after job start)."""
+    """SIGKILL a random live worker at each moment in ``times`` (seconds after job start),
+    picked by a random generator seeded with ``seed``. Pass as ``chaos=`` to ``run``."""
 
     def __init__(self, times: Iterable[float], seed: int = 0):
         self.times = sorted(times)
@@ -264,8 +271,9 @@ class RandomKills:
 
 
 class KillOnCheckpoints:
-    """SIGKILL a seeded-random live worker right after the checkpoint completions numbered in
-    ``after`` (1-based, counting every completion this object sees, across attempts).
+    """SIGKILL a live worker, picked by a random generator seeded with ``seed``, right after
+    the checkpoint completions numbered in ``after`` (1-based, counting every completion
+    this object sees, across attempts).
 
     Pass as ``chaos=`` to ``run``. A kill right after checkpoint n completes is certain to be
     followed by a restore from a checkpoint (n itself, unless it fails verification), unlike
@@ -317,8 +325,9 @@ class KillOnCheckpoints:
 
 def write_zipf_corpus(path: str | os.PathLike[str], words: int, vocabulary: int = 10_000,
                       seed: int = 0, words_per_line: int = 12) -> str:
-    """Write a text file of ``words`` words drawn from a Zipf(1) law over ``vocabulary``
-    distinct words, ``words_per_line`` to a line. Deterministic for a given seed."""
+    """Write a text file at ``path`` (returned) of ``words`` words drawn from a Zipf(1)
+    law over ``vocabulary`` distinct words, ``words_per_line`` to a line. The same
+    ``seed`` writes the same file."""
     import itertools
 
     rng = random.Random(seed)
@@ -337,7 +346,8 @@ def write_zipf_corpus(path: str | os.PathLike[str], words: int, vocabulary: int 
 
 
 def fastest_run(run: Callable[[], Any], times: int = 2) -> float:
-    """Seconds of the fastest of ``times`` uninterrupted runs (the first warms caches).
+    """Seconds of the fastest of ``times`` calls of ``run()``, uninterrupted runs of a job
+    (the first warms caches).
 
     Kill moments drawn inside a fraction of this window fall while a run with kills is
     still going (each restart only makes that run longer)."""

@@ -23,11 +23,12 @@ from abs_engine.errors import InputError
 
 from .base import OperatorContext, Source
 from .files import SourceChangedError, TextFileSource
+from .progress import SourceProgress
 
 
 class ArrowTextSource(TextFileSource):
-    """Lines of a UTF-8 text file as RecordBatches of one string column, ``column``
-    (newlines removed), about ``batch_bytes`` of text each."""
+    """Lines of the UTF-8 text file ``path`` as RecordBatches of one string column,
+    ``column`` (newlines removed), about ``batch_bytes`` of text each (as TextFileSource)."""
 
     preload = ("pyarrow", "pyarrow.compute")
 
@@ -75,8 +76,9 @@ def _fingerprint(files: list[str]) -> list[list[Any]]:
 
 
 class ParquetSource(Source[Any]):
-    """The rows of a Parquet file, or of every ``*.parquet`` file of a directory (in name
-    order), as RecordBatches of at most ``batch_rows`` rows of ``columns`` (default: all)."""
+    """The rows of a Parquet file ``path``, or of every ``*.parquet`` file of that directory
+    (in name order), as RecordBatches of at most ``batch_rows`` rows of ``columns`` (default:
+    all). ValueError if ``batch_rows`` < 1; check() raises InputError for a missing input."""
 
     preload = ("pyarrow", "pyarrow.parquet")
 
@@ -156,3 +158,12 @@ class ParquetSource(Source[Any]):
     def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Any) -> Any:
         pooled = sorted([int(s), int(r)] for st in old for s, r in st["todo"])
         return {"files": old[0]["files"], "todo": pooled[index::parallelism]}
+
+    def progress(self) -> SourceProgress:
+        todo = self.todo
+        if not todo:
+            return SourceProgress(0, len(self.splits), "row groups", "end")
+        split, rows = todo[0]
+        f, g = self.splits[split]
+        where = f"{os.path.basename(self.files[f])} row group {g}, row {rows:,}"
+        return SourceProgress(len(todo), len(self.splits), "row groups", where)

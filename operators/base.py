@@ -42,6 +42,7 @@ from .record_errors import function_label as function_label
 from .record_errors import raised_in as raised_in
 
 # The shape of keyed state, by which the runtime splits it on a rescale: part of this interface.
+from .progress import SourceProgress
 from .state_layout import Layout
 from .state_layout import Owns as Owns
 from .state_layout import Part as Part
@@ -52,9 +53,12 @@ T = TypeVar("T")  #: the records a source yields
 
 @dataclass(frozen=True)
 class OperatorContext:
+    """What ``open(ctx)`` gives an operator or a source: which subtask it is, of what job and
+    attempt. The runtime makes it; its fields are read-only."""
+
     operator: str  #: the operator's name in the dataflow
-    subtask_index: int
-    parallelism: int
+    subtask_index: int  #: this subtask's number, 0 to ``parallelism - 1``
+    parallelism: int  #: the operator's subtasks in this attempt
     attempt: int  #: 0 for the first run of the job, +1 on every restart
     restored: bool  #: state will be (or was) restored from a checkpoint
     #: The attempt's fence (abs_engine.checkpoint.fence.Fence) or None; use ``guard()``.
@@ -95,7 +99,8 @@ class OperatorContext:
 
 
 def stateless_rescale(operator: str, old: list[Any]) -> None:
-    """The state of a rescaled operator that keeps none: None, or RescaleError naming it."""
+    """The state of a rescaled operator that keeps none: None if every state in ``old`` (the
+    old subtasks') is None, else RescaleError(STATEFUL_OPERATOR) naming ``operator``."""
     from abs_engine.errors import RescaleError, RescaleErrorReason  # here: abs_engine imports this module
 
     if any(s is not None for s in old):
@@ -132,6 +137,8 @@ class Operator(Guarded, ABC):
     preload: tuple[str, ...] = ()
 
     def open(self, ctx: OperatorContext) -> None:
+        """Called in the worker before anything else (``restore`` comes after it): keeps
+        ``ctx`` as ``self.ctx``. An override calls ``super().open(ctx)``."""
         self.ctx = ctx
 
     def check(self) -> None:
@@ -154,7 +161,8 @@ class Operator(Guarded, ABC):
 
     @abstractmethod
     def process(self, batch: list[Any]) -> list[Any]:
-        """Consume a batch, return the records to emit (possibly an empty list)."""
+        """Consume ``batch`` (a list of records), return the records to emit (possibly an
+        empty list). Implement it."""
 
     def finish(self) -> list[Any]:
         """End of input on every input channel: emit final results (bounded jobs)."""
@@ -172,24 +180,33 @@ class Operator(Guarded, ABC):
         return []
 
     def snapshot(self, checkpoint_id: int) -> Any:
+        """The operator's state at checkpoint ``checkpoint_id`` (msgpack-encodable; see the
+        module docstring). It is encoded before another batch is processed, so it may be the
+        live object. Default: None (stateless)."""
         return None
 
     def restore(self, state: Any) -> None:
+        """Start from ``state``, what ``snapshot`` returned (or ``rescale_state`` built),
+        instead of from scratch. Default: nothing."""
         pass
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Every task's snapshot for ``checkpoint_id`` is durable: publish what it covers
+        (idempotently: see the module docstring). Default: nothing."""
         pass
 
     def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
         """The state of subtask ``index`` of ``parallelism`` from all old subtasks' states
-        (see the module docstring). Default: the keys (and timers) of its declared
-        ``state_layout`` that the new subtask owns; without one, only an operator without
-        state rescales."""
+        ``old`` (see the module docstring); ``owns(key)`` says whether the new subtask owns
+        a key. Default: the keys (and timers) of its declared ``state_layout`` that the new
+        subtask owns; without one, only an operator without state rescales."""
         if self.state_layout is not None:
             return redistribute(self.state_layout, old, owns)
         return stateless_rescale(self.ctx.operator, old)
 
     def close(self) -> None:
+        """Release what ``open`` took (files, connections), however the task ended; an
+        exception here is ignored. Default: nothing."""
         pass
 
 
@@ -218,10 +235,18 @@ class Source(Guarded, ABC, Generic[T]):
         """With ``emits_watermarks``: the subtask's watermark now, or None when it is idle."""
         raise NotImplementedError(f"{type(self).__name__} does not track event time")
 
+    def progress(self) -> SourceProgress | None:
+        """How far this subtask has read (operators/progress.py), from its offset; None:
+        the source does not say. Runs on another thread than ``read_batch``: read
+        attributes only, no I/O."""
+        return None
+
     #: A source that reports this many records per read_batch is fine; batches should be
     #: large enough (thousands of records) to amortise the per-batch cost downstream.
 
     def open(self, ctx: OperatorContext) -> None:
+        """As Operator.open: keeps ``ctx``, before ``restore``; subtask ``ctx.subtask_index``
+        of ``ctx.parallelism`` reads its own share."""
         self.ctx = ctx
 
     def check(self) -> None:
@@ -240,19 +265,20 @@ class Source(Guarded, ABC, Generic[T]):
 
     @abstractmethod
     def snapshot(self, checkpoint_id: int) -> Any:
-        """The read offset: everything before it has been emitted."""
+        """The read offset at checkpoint ``checkpoint_id``: everything before it has been
+        emitted (msgpack-encodable)."""
 
     @abstractmethod
     def restore(self, state: Any) -> None:
-        """Rewind to an offset returned by snapshot()."""
+        """Rewind to ``state``, an offset returned by snapshot()."""
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         pass
 
     def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
-        """The offsets of subtask ``index`` of ``parallelism`` from all old subtasks'
-        (see the module docstring): a source that can be rescaled pools its unread splits
-        and deals them out. Default: refused, naming the source."""
+        """The offsets of subtask ``index`` of ``parallelism`` from all old subtasks' (``old``;
+        see the module docstring; ``owns`` as in Operator): a source that can be rescaled
+        pools its unread splits and deals them out. Default: refused, naming the source."""
         from abs_engine.errors import RescaleError, RescaleErrorReason
 
         raise RescaleError(RescaleErrorReason.STATEFUL_OPERATOR,
@@ -261,6 +287,7 @@ class Source(Guarded, ABC, Generic[T]):
                            self.ctx.operator)
 
     def close(self) -> None:
+        """As Operator.close: release what ``open`` took, however the task ended."""
         pass
 
 
@@ -290,6 +317,9 @@ class WrappingSource(Source[T], Generic[T]):
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.inner.notify_checkpoint_complete(checkpoint_id)
+
+    def progress(self) -> SourceProgress | None:
+        return self.inner.progress()
 
     def close(self) -> None:
         self.inner.close()

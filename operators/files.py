@@ -11,6 +11,7 @@ from abs_engine.errors import InputError
 
 from .base import OperatorContext, Sink, Source, function_label
 from .epoch_parts import EpochParts
+from .progress import SourceProgress
 
 FINGERPRINT_EDGE = 64 * 1024  #: bytes hashed at each end of the file for its fingerprint
 
@@ -40,7 +41,8 @@ def file_fingerprint(f: Any) -> list[Any]:
 
 
 class TextFileSource(Source[str]):
-    """Lines of a UTF-8 text file, without their newline.
+    """Lines of the UTF-8 text file ``path``, without their newline, about ``batch_bytes``
+    (64 KiB) of them per batch. check() raises InputError if it is not a file.
 
     Subtask i of p reads the lines that *start* in byte range [size*i/p, size*(i+1)/p).
     Its offset is the byte position of the next line to read, with the end of its range
@@ -181,6 +183,10 @@ class TextFileSource(Source[str]):
             self.end = int(state["end"])
             self.more = [[int(a), int(b)] for a, b in state["more"]]
 
+    def progress(self) -> SourceProgress:
+        left = max(0, self.end - self.pos) + sum(b - a for a, b in self.more)
+        return SourceProgress(left, int(self.fingerprint[0]), "bytes", f"byte {self.pos:,}")
+
     def close(self) -> None:
         self._f.close()
 
@@ -237,8 +243,9 @@ class FileSink(Sink):
     taken and the epochs n still held pending are published again: the output then holds
     exactly the epochs <= n, whatever was published before the crash.
 
-    With parallelism 1, ``path`` is the output file; otherwise (or with directory=True)
-    ``path`` is a directory of ``part-00000``, ``part-00001``, ... files.
+    With parallelism 1, ``path`` is the output file; otherwise (or with ``directory=True``;
+    None, the default, decides by parallelism) ``path`` is a directory of ``part-00000``,
+    ``part-00001``, ... files.
 
     On an object store or remote file system (``s3://``, ``gs://``, ``abfs://``, ``hdfs://``:
     the URIs checkpoints take, abs_engine/fs.py) nothing can be appended to: ``path`` is a

@@ -7,6 +7,7 @@ from abc import abstractmethod
 from typing import Any, Callable, Sequence
 
 from .base import OperatorContext, Source, T
+from .progress import SourceProgress
 
 
 class Progressions:
@@ -60,6 +61,13 @@ class Progressions:
                 heapq.heappop(heap)
         return out
 
+    def progress(self) -> SourceProgress:
+        """The indices left to read, of ``stop`` in all (a list the task thread may be
+        changing: read into a copy first)."""
+        todo = [(a, s) for a, s in list(self.todo) if a < self.stop]
+        left = sum(len(range(a, self.stop, s)) for a, s in todo)
+        return SourceProgress(left, self.stop, "records", f"index {min(a for a, _ in todo):,}" if todo else "end")
+
     def state(self) -> list[list[int]]:
         return [list(p) for p in self.todo]
 
@@ -103,10 +111,14 @@ class IndexSource(Source[T]):
     def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
         return Progressions.rescale(self.count, old, len(old), index, parallelism)
 
+    def progress(self) -> SourceProgress:
+        return self.todo.progress()
+
 
 class RangeSource(IndexSource[int]):
-    """The integers ``start <= i < stop``; subtask k of p emits those with i % p == k
-    (relative to start), in increasing order (an IndexSource)."""
+    """The integers ``start <= i < stop`` (``RangeSource(n)``: ``0 <= i < n``, as ``range``);
+    subtask k of p emits those with i % p == k (relative to start), in increasing order,
+    ``batch_size`` per batch (an IndexSource)."""
 
     def __init__(self, start: int, stop: int | None = None, batch_size: int = 1000):
         if stop is None:

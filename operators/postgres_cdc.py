@@ -37,6 +37,7 @@ from abs_engine.errors import InputError
 
 from . import pgoutput, postgres_cdc_checks, postgres_schema, postgres_slot
 from .base import OperatorContext, Source
+from .progress import SourceProgress
 from .postgres_schema import PostgresProblem, PostgresSourceError
 from .postgres_slot import CHUNK_ROWS, Manifest, TableShape
 
@@ -48,10 +49,10 @@ _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 def stop_stream(dsn: str, slot: str) -> str:
-    """End the source reading ``slot`` at this point of the stream: it emits every change
-    committed before the marker this writes (everything committed before the call, and
-    perhaps some committed during it), then finishes (the job ends when its other sources
-    have). Returns the marker's LSN. Used to drain a job, and by the tests.
+    """End the source reading ``slot`` of the server ``dsn`` at this point of the stream: it
+    emits every change committed before the marker this writes (everything committed before
+    the call, and perhaps some committed during it), then finishes (the job ends when its
+    other sources have). Returns the marker's LSN. Used to drain a job, and by the tests.
 
     The slot must exist (the job has started): a marker written before it would never be
     read, so its absence is PostgresSourceError(SLOT_DROPPED)."""
@@ -65,13 +66,15 @@ def stop_stream(dsn: str, slot: str) -> str:
 
 
 class PostgresCDCSource(Source[Change]):
-    """The rows of ``tables`` (``"name"`` or ``"schema.name"``) and then every change made to
-    them, as ``Change`` records, exactly once.
+    """The rows of ``tables`` (``"name"`` or ``"schema.name"``) of the server ``dsn`` (a libpq
+    string or URI) and then every change made to them, as ``Change`` records, exactly once.
 
     ``slot``: the logical replication slot this source creates and owns (lowercase letters,
     digits and ``_``); ``staging_dir``: where the initial snapshot is staged (a local
     directory or an object store URI), the job's own. ``publication``: an existing
-    publication of the tables, or None to create one named like the slot.
+    publication of the tables, or None to create one named like the slot. ``batch_size``:
+    the most rows or changes a batch holds; ``connect_timeout``: seconds to wait for a
+    connection. A bad name is a ValueError.
 
     The server needs ``wal_level = logical``, a user with the REPLICATION attribute, and a
     primary key (or ``REPLICA IDENTITY FULL``) on each table. The stream has no end:
@@ -333,6 +336,13 @@ class PostgresCDCSource(Source[Change]):
         self.chunk, self.row = int(state["chunk"]), int(state["row"])
         self.lsn, self.skip = int(state["lsn"]), int(state["skip"])
         self.rows = None
+
+    def progress(self) -> SourceProgress:
+        chunks = len(self.manifest.chunks)
+        if self.chunk < chunks:  # the snapshot: its staged chunks are the input
+            return SourceProgress(chunks - self.chunk, chunks, "chunks", f"snapshot chunk {self.chunk}, row {self.row:,}")
+        return SourceProgress(None, None, "changes", f"LSN {pgoutput.lsn_text(self.lsn)}"
+                                                     + (f" + {self.skip} changes" if self.skip else ""))
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         done = [c for c in self._offsets if c <= checkpoint_id]

@@ -34,6 +34,7 @@ from abs_engine.tls import Material
 from abs_engine.wire import Wire
 
 from .base import OperatorContext, Source
+from .progress import SourceProgress
 
 
 class SourceChangedError(AbsEngineError):
@@ -315,6 +316,11 @@ class SparkSource(Source[Any]):
         self.mine, self.next = [p for p, _ in todo], 0
         self.first_rows = {p: r for p, r in todo if r}
         self.rows = todo[0][1] if todo else 0
+
+    def progress(self) -> SourceProgress:
+        left = max(0, len(self.mine) - self.next)
+        where = f"partition {self.mine[self.next]}, row {self.rows:,}" if left else "end"
+        return SourceProgress(left, self.num_partitions, "partitions", where)
 
     def close(self) -> None:
         self._close()

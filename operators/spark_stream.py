@@ -30,6 +30,7 @@ from abs_engine import fs
 from abs_engine.errors import InputError
 
 from .base import OperatorContext, Source
+from .progress import SourceProgress
 
 IDLE_WAIT = 0.02  # seconds a subtask waits when no staged batch is ready (a polling source)
 MAX_BATCH_BYTES = 4 << 30  #: a staged micro-batch larger than this is refused unread
@@ -47,6 +48,19 @@ def _batch_id(name: str) -> int | None:
 
 
 class SparkStreamSource(Source[Any]):
+    """The records of a streaming DataFrame, ``stream_df`` (``spark.readStream...``; a batch
+    DataFrame is an InputError: use SparkSource), with no end unless ``available_now``: see
+    the module docstring. A record is the value of ``column`` (or of a one-column stream),
+    else a tuple of every column.
+
+    ``staging_dir``: where micro-batches are staged, a local directory or an object store URI
+    that every source subtask reaches; the source's own. ``spark_checkpoint``: where Spark's
+    streaming query keeps its progress (default ``<staging_dir>/_spark_checkpoint``; needed
+    when staging on a URI, InputError without). ``available_now=True``: process what is
+    there, then end (Spark's ``availableNow`` trigger); else a micro-batch every
+    ``trigger_seconds``. ``keep_checkpoints``: the completed checkpoints whose staged
+    batches are kept (older batches are deleted)."""
+
     #: Its streaming query runs Spark jobs while the dataflow runs: on the Spark executor that
     #: slot must stay free beside the workers' barrier stage.
     spark_slots = 1
@@ -186,6 +200,9 @@ class SparkStreamSource(Source[Any]):
     def restore(self, state: Any) -> None:
         self.next_id, self.rows = int(state["next_id"]), int(state["rows"])
         self._table = None
+
+    def progress(self) -> SourceProgress:
+        return SourceProgress(None, None, "batches", f"micro-batch {self.next_id}, row {self.rows:,}")
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         done = sorted(c for c in self._offsets if c <= checkpoint_id)

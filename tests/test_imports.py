@@ -65,7 +65,8 @@ def import_graph() -> nx.DiGraph:
 def layer(module: str) -> str:
     parts = module.split(".")
     if parts[0] == "operators":
-        return "interface" if module in ("operators.base", "operators.record_errors", "operators.state_layout") else "library"
+        return "interface" if module in ("operators.base", "operators.record_errors", "operators.state_layout",
+                                         "operators.progress") else "library"
     if len(parts) > 1 and parts[1] in ("checkpoint", "runtime", "executors", "monitor", "simulation"):
         return parts[1]
     if module in ("abs_engine", "abs_engine.api", "abs_engine.streams", "abs_engine.keyed", "abs_engine.windowed",

@@ -238,7 +238,7 @@ class AttemptDriver:
         elif isinstance(msg, messages.Heartbeat):
             if msg.records_in is not None and msg.records_out is not None:  # (last_heard: every frame)
                 self.tracker.task_metrics(msg.task, msg.records_in, msg.records_out, msg.send_s, time.monotonic())
-                self.tracker.task_health(msg.task, msg.watermark, msg.cpu_s, msg.rss, msg.keys, msg.timers, msg.late)
+                self.tracker.task_health(msg)
         elif isinstance(msg, messages.Latency):
             self.tracker.latency_reported(msg.ms)
         elif isinstance(msg, messages.Skipped):

@@ -54,6 +54,7 @@ from ..monitor.store import StatsWriter
 from ..monitor.tracker import JobTracker
 from .config import JobConfig, JobResult
 from .job_control import ControlServer
+from .serve_dashboard import serve_dashboard
 from .attempt import Attempt, ProcessAttempt
 from .attempt_driver import AttemptDriver, JobCancelled
 from .chaos import Chaos
@@ -141,16 +142,8 @@ class JobMaster:
     @contextlib.contextmanager
     def _dashboard(self) -> Iterator[None]:
         """Serve the live dashboard and metrics while the job runs (``dashboard=PORT``)."""
-        if self.config.dashboard is None:
-            yield
-            return
-        from ..monitor.controls import Controls
-        from ..monitor.dashboard import Dashboard
-
-        with Dashboard(self.tracker, self.config.dashboard_host, self.config.dashboard,
-                       token=self.config.dashboard_token, controls=Controls(self.requests, self._announce)) as board:
-            self.result.dashboard_url = board.url
-            print(f"[{self.log_prefix}] dashboard: {board.url}", file=sys.stderr, flush=True)
+        with serve_dashboard(self.tracker, self.config, self.requests, self.log_prefix) as url:
+            self.result.dashboard_url = url
             yield
 
     def _run(self) -> JobResult:
@@ -280,10 +273,6 @@ class JobMaster:
     def _log(self, msg: str) -> None:
         if self.config.progress:
             print(f"[{self.log_prefix}] {msg}", file=sys.stderr, flush=True)
-
-    def _announce(self, msg: str) -> None:
-        """Always said, progress lines or not: what someone did to the job (a control)."""
-        print(f"[{self.log_prefix}] {msg}", file=sys.stderr, flush=True)
 
     # ---- one attempt ------------------------------------------------------------------------
 

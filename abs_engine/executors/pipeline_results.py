@@ -34,7 +34,7 @@ def combine(job: JobResult, parts: list[JobResult], savepoints: str) -> None:
     job.savepoint = savepoints if any(p.savepoint for p in parts) else ""
     job.stopped_with_savepoint = any(p.stopped_with_savepoint for p in parts)
     job.recoveries = sorted((r for p in parts for r in p.recoveries), key=lambda r: r.time)
-    job.dashboard_url = next((p.dashboard_url for p in parts if p.dashboard_url), "")
+    # (job.dashboard_url is the job's: one dashboard, a view per pipeline)
     history = CheckpointHistory()
     for stat in sorted((s for p in parts for s in p.history.completed + p.history.failed),
                        key=lambda s: s.latest_ack_time or s.trigger_time):

@@ -50,6 +50,7 @@ from .launcher import Launcher
 from .master import JobMaster, shipped
 from .pipeline_results import combine
 from .result import JobResult
+from .serve_dashboard import serve_dashboard
 from .savepoint_sets import adopt_final, complete_set, finished_in, pipeline_savepoint, set_location
 from .signals import Signals
 
@@ -106,7 +107,10 @@ class PipelinedMaster:
                     m.lifecycle.to(Phase.FINISHED)
                     m.result.phases = [ph.value for ph in m.lifecycle.history]
             self.lifecycle.to(Phase.SCHEDULING)
-            with ControlServer(control_dir(location), self._submit):
+            views = {p.name: m.tracker for p, m in zip(self.pipelines, self.masters)}
+            with ControlServer(control_dir(location), self._submit), serve_dashboard(
+                    views, cfg, _JobRequests(self), self.plan.job) as url:
+                self.result.dashboard_url = url
                 outcomes = self._run_all()
             self.result.duration_s = time.monotonic() - began
             self._combine()
@@ -157,15 +161,15 @@ class PipelinedMaster:
                 "or pass resume='if-present' to start afresh when there is none")
 
     def _master(self, p: Pipeline, code: bytes, location: str) -> JobMaster:
-        """Pipeline ``p``'s master: the job's options, its own directories and dashboard."""
+        """Pipeline ``p``'s master: the job's options, its own directories, its own view in
+        the job's dashboard."""
         cfg = self.config
-        board = None if cfg.dashboard is None else (0 if cfg.dashboard == 0 else cfg.dashboard + p.id)
         sub = dataclasses.replace(
             cfg, checkpoint_dir=fs.join(location, p.directory),
             resume="if-present" if cfg.resume else False,
             restore_from=pipeline_savepoint(cfg.restore_from, p, cfg.allow_non_restored_state),
             savepoint_dir=fs.join(self.savepoints, p.directory),
-            dashboard=board, supervise=False, stop_when=self._stop_when)
+            dashboard=None, supervise=False, stop_when=self._stop_when)  # (the job's dashboard shows it)
         plan = restrict(self.plan, p)
         others = sum(max(c.parallelism for c in self.plan.chains if c.name in q.chains)
                      for q in self.pipelines if q.id != p.id)
@@ -276,6 +280,20 @@ class PipelinedMaster:
     def _log(self, msg: str) -> None:
         if self.config.progress:
             print(f"[{self.plan.job}] {msg}", file=sys.stderr, flush=True)
+
+
+class _JobRequests:
+    """The dashboard's controls asked of the whole job: a savepoint of every pipeline (one
+    set, as ``abs-engine savepoint`` asks it), or every pipeline cancelled."""
+
+    def __init__(self, job: PipelinedMaster):
+        self.job = job
+
+    def submit(self, stop: bool) -> "concurrent.futures.Future[str]":
+        return self.job._submit(stop)
+
+    def cancel(self, why: str) -> bool:
+        return any([m.requests.cancel(why) for m in self.job.masters])  # (a list: every one is asked)
 
 
 __all__ = ["PipelinedMaster"]

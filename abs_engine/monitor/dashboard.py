@@ -3,8 +3,10 @@ driver while the job runs (``run(dashboard=PORT)``, ``--dashboard PORT``).
 
 - ``/``: the page (static/index.html; its script polls the API every second);
 - ``/api/job``, ``/api/checkpoints``, ``/api/checkpoints/<id>``: JSON (monitor/docs.py, Flink's
-  REST field names where Flink has one);
-- ``/metrics``: Prometheus text exposition (monitor/metrics.py).
+  REST field names where Flink has one), of one pipeline: ``?pipeline=<name>`` (default: the
+  first; a job of one pipeline has one view);
+- ``/api/pipelines``: every pipeline's state and counts, for the page's pipeline tabs;
+- ``/metrics``: Prometheus text exposition (monitor/metrics.py), every pipeline's.
 
 It is read-only: nothing it serves changes the job, and it reads the tracker under the
 tracker's lock. It binds to loopback by default and then accepts only loopback Host headers
@@ -26,6 +28,7 @@ import secrets
 import socket
 import threading
 from types import TracebackType
+from typing import Mapping
 from urllib.parse import parse_qsl, quote, urlencode
 
 import uvicorn
@@ -41,6 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .controls import Controls
 from .controls import routes as control_routes
+from .docs import pipeline as pipeline_doc
 from .metrics import JobMetrics
 from .tracker import JobTracker
 
@@ -114,18 +118,39 @@ class TokenMiddleware:
         await self.app(scope, receive, send)
 
 
-def make_app(tracker: JobTracker, metrics: JobMetrics, allowed_hosts: list[str] | None, token: str,
+def make_app(views: Mapping[str, JobTracker], metrics: JobMetrics, allowed_hosts: list[str] | None, token: str,
              cookie: str, controls: Controls | None = None) -> Starlette:
+    """``views``: the job's pipelines' trackers by name, in pipeline order (one: the job's)."""
+    first = next(iter(views.values()))
+
+    def pick(request: Request) -> JobTracker | Response:
+        name = request.query_params.get("pipeline")
+        if name is None:
+            return first
+        tracker = views.get(name)
+        if tracker is None:
+            return JSONResponse({"error": f"no pipeline {name[:60]!r}: this job's are {list(views)}"},
+                                status_code=404, headers=_HEADERS)
+        return tracker
+
     async def index(request: Request) -> Response:
         return FileResponse(os.path.join(STATIC, "index.html"), headers=_HEADERS)
 
+    async def pipelines(request: Request) -> Response:
+        return JSONResponse({"pipelines": [pipeline_doc(name, tr) for name, tr in views.items()]}, headers=_HEADERS)
+
     async def job(request: Request) -> Response:
-        return JSONResponse(tracker.job_doc(), headers=_HEADERS)
+        tracker = pick(request)
+        return tracker if isinstance(tracker, Response) else JSONResponse(tracker.job_doc(), headers=_HEADERS)
 
     async def checkpoints(request: Request) -> Response:
-        return JSONResponse(tracker.checkpoints_doc(), headers=_HEADERS)
+        tracker = pick(request)
+        return tracker if isinstance(tracker, Response) else JSONResponse(tracker.checkpoints_doc(), headers=_HEADERS)
 
     async def checkpoint(request: Request) -> Response:
+        tracker = pick(request)
+        if isinstance(tracker, Response):
+            return tracker
         raw = request.path_params["cid"]
         doc = tracker.checkpoint_doc(int(raw)) if raw.isdigit() and len(raw) < 19 else None
         if doc is None:
@@ -141,7 +166,8 @@ def make_app(tracker: JobTracker, metrics: JobMetrics, allowed_hosts: list[str] 
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
     middleware.append(Middleware(TokenMiddleware, token=token, cookie=cookie))
     return Starlette(routes=[
-        Route("/", index), Route("/api/job", job), Route("/api/checkpoints", checkpoints),
+        Route("/", index), Route("/api/pipelines", pipelines), Route("/api/job", job),
+        Route("/api/checkpoints", checkpoints),
         Route("/api/checkpoints/{cid}", checkpoint), Route("/metrics", prometheus),
         *control_routes(controls, _HEADERS),
         Mount("/static", StaticFiles(directory=STATIC)),
@@ -149,13 +175,18 @@ def make_app(tracker: JobTracker, metrics: JobMetrics, allowed_hosts: list[str] 
 
 
 class Dashboard:
-    """Serves ``tracker`` on ``host:port`` from a daemon thread, as a context manager.
+    """Serves ``tracker`` on ``host:port`` from a daemon thread, as a context manager: a
+    job's tracker, or its pipelines' by name (executors/pipelined.py), one view each.
 
     ``token`` (None: a random one) is what every request must carry; ``url`` carries it.
-    ``controls``: what the savepoint, stop and cancel buttons reach (monitor/controls.py)."""
+    ``controls``: what the savepoint, stop and cancel buttons reach (monitor/controls.py),
+    the whole job's."""
 
-    def __init__(self, tracker: JobTracker, host: str, port: int, token: str | None = None,
-                 controls: Controls | None = None):
+    def __init__(self, tracker: JobTracker | Mapping[str, JobTracker], host: str, port: int,
+                 token: str | None = None, controls: Controls | None = None):
+        views = dict(tracker) if isinstance(tracker, Mapping) else {tracker.plan.job: tracker}
+        if not views:
+            raise ValueError("a dashboard needs a job's tracker")
         try:
             self.sock = socket.create_server((host, port), family=_family(host), backlog=128)
         except OSError as e:
@@ -168,8 +199,8 @@ class Dashboard:
         loopback = _is_loopback(host)
         allowed = ["localhost", "127.0.0.1", "[::1]", "::1"] if loopback else None
         try:
-            self.metrics = JobMetrics(tracker)
-            app = make_app(tracker, self.metrics, allowed, self.token, cookie_name(bound[1]), controls)
+            self.metrics = JobMetrics(views)
+            app = make_app(views, self.metrics, allowed, self.token, cookie_name(bound[1]), controls)
             self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                                         log_config=None))
         except BaseException:

@@ -5,7 +5,7 @@ API's where Flink has one (``/jobs/:id/checkpoints``: ``counts``, ``summary``, `
 ``persisted_data``; per subtask ``checkpoint.sync``, ``alignment.duration``,
 ``start_delay``). Times are milliseconds since the epoch; durations milliseconds.
 
-Every function here is called with the tracker's lock held and only reads it.
+Every function here but ``pipeline`` is called with the tracker's lock held and only reads it.
 """
 
 from __future__ import annotations
@@ -69,17 +69,58 @@ def job(tr: "JobTracker") -> dict[str, Any]:
                    "records_in_per_second": _num(t.in_rate), "records_out_per_second": _num(t.out_rate),
                    "backpressure": _num(t.backpressure), **health(t)} for k, t in tr.tasks.items()],
         "watermarks": watermarks(tr),
+        "sources": sources(tr),
         "throughput": None,  # the caller fills it in: throughput()
         "recoveries": [recovery(r) for r in tr.recoveries],
         "latency": latency(tr.latency.last(now), tr.latency.run()),
     }
 
 
+def pipeline(name: str, tr: "JobTracker") -> dict[str, Any]:
+    """One pipeline's line of ``/api/pipelines``: its state and what tells it from the
+    others (its restarts, checkpoints and progress are its own). Takes the tracker's lock."""
+    with tr.lock:
+        counts = tr.history.counts
+        latest = tr.history.completed[-1].checkpoint_id if tr.history.completed else None
+        return {"name": name, "state": tr.state.value, "attempt": tr.attempt, "restarts": tr.restarts,
+                "vertices": [c.name for c in tr.plan.chains], "tasks": len(tr.tasks),
+                "source_records": tr.source_records, "watermark": watermarks(tr)["job"],
+                "checkpoints": {"completed": counts.get(CheckpointStatus.COMPLETED, 0),
+                                "expired": counts.get(CheckpointStatus.FAILED, 0),
+                                "aborted": counts.get(CheckpointStatus.ABORTED, 0), "in_progress": len(tr.pending),
+                                "latest_completed": latest}}
+
+
 def health(t: Any) -> dict[str, Any]:
     """A task's health (tracker.TaskMetrics): None where not known."""
     return {"watermark": None if t.watermark is None else _num(t.watermark), "cpu_seconds": _num(t.cpu_s),
             "rss_bytes": t.rss or None, "keys": None if t.keys < 0 else t.keys,
-            "timers": None if t.timers < 0 else t.timers, "late_records": t.late, "skipped_records": t.skipped}
+            "timers": None if t.timers < 0 else t.timers, "late_records": t.late, "skipped_records": t.skipped,
+            "progress": None if not t.unit else {"left": None if t.left < 0 else t.left,
+                                                 "total": None if t.total < 0 else t.total, "unit": t.unit,
+                                                 "position": t.position}}
+
+
+def sources(tr: "JobTracker") -> dict[str, Any]:
+    """Per source vertex, its progress through its input (operators/progress.py): units
+    ``done`` and ``left`` of the ``total`` (None: unbounded or not known, e.g. until every
+    subtask has said), and ``fraction`` done."""
+    out: dict[str, Any] = {}
+    for c in tr.plan.chains:
+        if not c.is_source:
+            continue
+        ts = [t for t in tr.tasks.values() if t.vertex == c.name]
+        units = {t.unit for t in ts}
+        if "" in units or len(units) != 1:  # not every subtask has said, or they count apart
+            out[c.name] = None
+            continue
+        left = None if any(t.left < 0 for t in ts) else sum(t.left for t in ts)
+        total = max(t.total for t in ts)
+        total_ = None if total < 0 else total
+        done = None if left is None or total_ is None else max(0, total_ - left)
+        out[c.name] = {"unit": units.pop(), "left": left, "total": total_, "done": done,
+                       "fraction": None if done is None or not total_ else _num(min(1.0, done / total_))}
+    return out
 
 
 def watermarks(tr: "JobTracker") -> dict[str, Any]:

@@ -8,7 +8,8 @@ process never mix their series.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+import functools
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -39,25 +40,33 @@ def _health_families(labels: list[str]) -> dict[str, Metric]:
                                     "attempt)", labels=labels),
         "skipped": CounterMetricFamily("abs_engine_task_skipped_records", "Records a task's operators skipped "
                                        "(on_error='skip')", labels=labels),
+        "left": GaugeMetricFamily("abs_engine_source_left", "Units of input a source task has still to read "
+                                  "(label unit: records, bytes, partitions, ...; absent: unbounded)",
+                                  labels=[*labels, "unit"]),
+        "total": GaugeMetricFamily("abs_engine_source_total", "Units of the whole input of a task's source "
+                                   "(every subtask's together; absent: unbounded)", labels=[*labels, "unit"]),
     }
 
 
 def _add_health(families: dict[str, Metric], v: list[str], t: Any) -> None:
     for field, family in families.items():
         value = getattr(t, field)
-        if value is None or (field in ("keys", "timers") and value < 0) or (field == "rss" and not value):
+        if value is None or (field in ("keys", "timers", "left", "total") and value < 0) or (
+                field == "rss" and not value):
             continue  # not known: left out, never a made-up zero
-        family.add_metric(v, value)  # type: ignore[attr-defined]
+        family.add_metric([*v, t.unit] if field in ("left", "total") else v, value)  # type: ignore[attr-defined]
 
 
 class _TrackerCollector(Collector):
-    def __init__(self, tracker: "JobTracker"):
-        self.tracker = tracker
+    """Every view's series; with several pipelines, each series has a ``pipeline`` label."""
+
+    def __init__(self, views: Mapping[str, "JobTracker"]):
+        self.views = views
+        self.named = len(views) > 1
 
     def collect(self) -> Iterator[Metric]:
-        tr = self.tracker
-        job = tr.plan.job
-        labels = ["job", "task", "vertex"]
+        extra = ["pipeline"] if self.named else []
+        labels = ["job", *extra, "task", "vertex"]
         rin = CounterMetricFamily("abs_engine_task_records_in", "Records a task processed (a source: read), "
                                   "every attempt of this run", labels=labels)
         rout = CounterMetricFamily("abs_engine_task_records_out", "Records a task emitted, every attempt of this run",
@@ -67,77 +76,87 @@ class _TrackerCollector(Collector):
         bp = GaugeMetricFamily("abs_engine_task_backpressure_ratio", "Share of the last heartbeat interval a task "
                                "spent blocked sending (0..1)", labels=labels)
         health = _health_families(labels)
-        with tr.lock:
-            for k, t in tr.tasks.items():
-                v = [job, k, t.vertex]
-                rin.add_metric(v, t.records_in)
-                rout.add_metric(v, t.records_out)
-                send.add_metric(v, t.send_s)
-                bp.add_metric(v, t.backpressure)
-                _add_health(health, v, t)
-            counts = dict(tr.history.counts)
-            restarts, records, pending = tr.restarts, tr.source_records, len(tr.pending)
-            last = tr.history.completed[-1] if tr.history.completed else None
-            up = (tr.end_time or tr.clock()) - tr.start_time
-            recent = tr.latency.last(tr.clock())
-            markers = tr.latency.count
-        yield from (rin, rout, send, bp, *health.values())
-        if recent is not None:
-            lat = GaugeMetricFamily("abs_engine_latency_seconds", "Source-to-sink latency (the age of latency "
-                                    "markers at the sinks) over the last 30 s: quantile 0.5, 0.99 and 1 (the maximum)",
-                                    labels=["job", "quantile"])
-            for quantile, ms in (("0.5", recent.p50_ms), ("0.99", recent.p99_ms), ("1", recent.max_ms)):
-                lat.add_metric([job, quantile], ms / 1000)
-            yield lat
-        yield _counter("abs_engine_latency_markers", "Latency markers that reached a sink", job, markers)
+        job_labels = ["job", *extra]
+        lat = GaugeMetricFamily("abs_engine_latency_seconds", "Source-to-sink latency (the age of latency "
+                                "markers at the sinks) over the last 30 s: quantile 0.5, 0.99 and 1 (the maximum)",
+                                labels=[*job_labels, "quantile"])
         done = CounterMetricFamily("abs_engine_checkpoints", "Checkpoints that ended, by status",
-                                   labels=["job", "status"])
-        for status in (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED, CheckpointStatus.ABORTED):
-            done.add_metric([job, status.value.lower()], counts.get(status, 0))
+                                   labels=[*job_labels, "status"])
+        per_job = {name: family(name, doc, labels=job_labels) for name, (family, doc) in _PER_JOB.items()}
+        for pipeline, tr in self.views.items():
+            p = [tr.plan.job, *([pipeline] if self.named else [])]
+            with tr.lock:
+                for k, t in tr.tasks.items():
+                    v = [*p, k, t.vertex]
+                    rin.add_metric(v, t.records_in)
+                    rout.add_metric(v, t.records_out)
+                    send.add_metric(v, t.send_s)
+                    bp.add_metric(v, t.backpressure)
+                    _add_health(health, v, t)
+                counts = dict(tr.history.counts)
+                last = tr.history.completed[-1] if tr.history.completed else None
+                values: dict[str, float] = {
+                    "abs_engine_latency_markers": tr.latency.count, "abs_engine_checkpoints_in_progress": len(tr.pending),
+                    "abs_engine_job_restarts": tr.restarts, "abs_engine_source_records": tr.source_records,
+                    "abs_engine_job_uptime_seconds": (tr.end_time or tr.clock()) - tr.start_time}
+                recent = tr.latency.last(tr.clock())
+            if recent is not None:
+                for quantile, ms in (("0.5", recent.p50_ms), ("0.99", recent.p99_ms), ("1", recent.max_ms)):
+                    lat.add_metric([*p, quantile], ms / 1000)
+            for status in (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED, CheckpointStatus.ABORTED):
+                done.add_metric([*p, status.value.lower()], counts.get(status, 0))
+            if last is not None:
+                values.update({"abs_engine_checkpoint_last_duration_seconds": last.duration_ms / 1000,
+                               "abs_engine_checkpoint_last_state_size_bytes": last.state_size,
+                               "abs_engine_checkpoint_last_checkpointed_size_bytes": last.bytes,
+                               "abs_engine_checkpoint_last_persisted_bytes": last.inflight_bytes,
+                               "abs_engine_checkpoint_last_id": last.checkpoint_id})
+            for name, value in values.items():
+                per_job[name].add_metric(p, value)
+        yield from (rin, rout, send, bp, *health.values())
+        if lat.samples:
+            yield lat
         yield done
-        yield _gauge("abs_engine_checkpoints_in_progress", "Checkpoints pending now", job, pending)
-        yield _counter("abs_engine_job_restarts", "Attempts started after a failure", job, restarts)
-        yield _counter("abs_engine_source_records", "Records the sources read (every attempt)", job, records)
-        yield _gauge("abs_engine_job_uptime_seconds", "Seconds since the job started", job, up)
-        if last is not None:
-            yield _gauge("abs_engine_checkpoint_last_duration_seconds", "End-to-end duration of the latest "
-                         "completed checkpoint", job, last.duration_ms / 1000)
-            yield _gauge("abs_engine_checkpoint_last_state_size_bytes", "Whole state of the latest completed "
-                         "checkpoint", job, last.state_size)
-            yield _gauge("abs_engine_checkpoint_last_checkpointed_size_bytes", "Bytes the latest completed "
-                         "checkpoint wrote (its deltas, when incremental)", job, last.bytes)
-            yield _gauge("abs_engine_checkpoint_last_persisted_bytes", "In-flight data the latest completed "
-                         "checkpoint persisted (channel state, back-edge logs)", job, last.inflight_bytes)
-            yield _gauge("abs_engine_checkpoint_last_id", "Id of the latest completed checkpoint", job,
-                         last.checkpoint_id)
+        yield from (f for f in per_job.values() if f.samples)
 
 
-def _counter(name: str, doc: str, job: str, value: float) -> CounterMetricFamily:
-    c = CounterMetricFamily(name, doc, labels=["job"])
-    c.add_metric([job], value)
-    return c
-
-
-def _gauge(name: str, doc: str, job: str, value: float) -> GaugeMetricFamily:
-    g = GaugeMetricFamily(name, doc, labels=["job"])
-    g.add_metric([job], value)
-    return g
+#: The job's (or pipeline's) own series: name -> (family, help).
+_PER_JOB: dict[str, tuple[Any, str]] = {
+    "abs_engine_latency_markers": (CounterMetricFamily, "Latency markers that reached a sink"),
+    "abs_engine_checkpoints_in_progress": (GaugeMetricFamily, "Checkpoints pending now"),
+    "abs_engine_job_restarts": (CounterMetricFamily, "Attempts started after a failure"),
+    "abs_engine_source_records": (CounterMetricFamily, "Records the sources read (every attempt)"),
+    "abs_engine_job_uptime_seconds": (GaugeMetricFamily, "Seconds since the job started"),
+    "abs_engine_checkpoint_last_duration_seconds": (GaugeMetricFamily, "End-to-end duration of the latest "
+                                                    "completed checkpoint"),
+    "abs_engine_checkpoint_last_state_size_bytes": (GaugeMetricFamily, "Whole state of the latest completed "
+                                                    "checkpoint"),
+    "abs_engine_checkpoint_last_checkpointed_size_bytes": (GaugeMetricFamily, "Bytes the latest completed "
+                                                           "checkpoint wrote (its deltas, when incremental)"),
+    "abs_engine_checkpoint_last_persisted_bytes": (GaugeMetricFamily, "In-flight data the latest completed "
+                                                   "checkpoint persisted (channel state, back-edge logs)"),
+    "abs_engine_checkpoint_last_id": (GaugeMetricFamily, "Id of the latest completed checkpoint"),
+}
 
 
 class JobMetrics:
-    """The job's registry: the tracker's collector and the checkpoint duration histogram."""
+    """The job's registry: its pipelines' collector and checkpoint duration histogram."""
 
-    def __init__(self, tracker: "JobTracker"):
+    def __init__(self, views: Mapping[str, "JobTracker"]):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_TrackerCollector(tracker))
-        self.duration = Histogram("abs_engine_checkpoint_duration_seconds",
-                                  "End-to-end duration of completed checkpoints", ["job"], buckets=BUCKETS,
-                                  registry=self.registry).labels(tracker.plan.job)
-        tracker.listeners.append(self.on_checkpoint)
-
-    def on_checkpoint(self, stat: CheckpointStat) -> None:
-        if stat.status is CheckpointStatus.COMPLETED:
-            self.duration.observe(stat.duration_ms / 1000)
+        self.registry.register(_TrackerCollector(views))
+        named = len(views) > 1
+        histogram = Histogram("abs_engine_checkpoint_duration_seconds", "End-to-end duration of completed "
+                              "checkpoints", ["job", "pipeline"] if named else ["job"], buckets=BUCKETS,
+                              registry=self.registry)
+        for pipeline, tracker in views.items():
+            child = histogram.labels(tracker.plan.job, pipeline) if named else histogram.labels(tracker.plan.job)
+            tracker.listeners.append(functools.partial(_observe, child))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _observe(histogram: Any, stat: CheckpointStat) -> None:
+    if stat.status is CheckpointStatus.COMPLETED:
+        histogram.observe(stat.duration_ms / 1000)

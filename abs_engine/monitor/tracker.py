@@ -75,6 +75,13 @@ class TaskMetrics:
     late: int = 0
     late_base: int = 0  #: the late records of earlier attempts
     skipped: int = 0
+    #: A source task's progress, as its last heartbeat said (messages.Heartbeat): units
+    #: left and in the whole input (-1: unbounded or not known), the unit ("": none said)
+    #: and its offset in words.
+    left: int = -1
+    total: int = -1
+    unit: str = ""
+    position: str = ""
 
 
 @dataclass
@@ -168,13 +175,13 @@ class JobTracker:
             t.last = (now, records_in, records_out, send_s)
             self._set_counts(t, records_in, records_out, send_s)
 
-    def task_health(self, task: str, watermark: float | None, cpu_s: float, rss: int, keys: int, timers: int,
-                    late: int) -> None:
-        """A heartbeat's health fields (messages.Heartbeat)."""
+    def task_health(self, hb: messages.Heartbeat) -> None:
+        """A heartbeat's health and progress fields."""
         with self.lock:
-            t = self.tasks[task]
-            t.watermark, t.cpu_s, t.rss, t.keys, t.timers = watermark, cpu_s, rss, keys, timers
-            t.late = t.late_base + late
+            t = self.tasks[hb.task]
+            t.watermark, t.cpu_s, t.rss, t.keys, t.timers = hb.watermark, hb.cpu_s, hb.rss, hb.keys, hb.timers
+            t.late = t.late_base + hb.late
+            t.left, t.total, t.unit, t.position = hb.left, hb.total, hb.unit, hb.position
 
     def record_skipped(self, task: str) -> None:
         with self.lock:

@@ -1,6 +1,7 @@
 """What a task's heartbeat says of its health, beyond its record counters: its watermark,
 the keys and timers its operators hold, the late records its windows met, and its process's
-CPU time and resident memory (for the dashboard, ``/metrics`` and the report).
+CPU time and resident memory, and a source's progress through its input (for the
+dashboard, ``/metrics`` and the report).
 
 Read by the watchdog thread while the task thread runs (runtime/watchdog.py), so only what
 can be read without a lock: numbers the task thread replaces whole, and ``len()`` of maps.
@@ -64,7 +65,23 @@ def held(task: Any) -> tuple[int, int, int]:
     return keys, -1 if unknown else timers, late
 
 
-def measure(task: Any) -> tuple[float | None, float, int, int, int, int]:
-    """The heartbeat's health fields: (watermark, cpu seconds, rss bytes, keys, timers, late)."""
+def progress_of(task: Any) -> tuple[int, int, str, str]:
+    """A source task's (left, total, unit, position): -1 for a count not known, unit ""
+    when the source says nothing (or its answer raised, read mid-change: the next
+    heartbeat asks again)."""
+    source = getattr(task, "source", None)
+    try:
+        p = source.progress() if source is not None else None
+    except Exception:  # noqa: BLE001 - a read racing the task thread; never kill the watchdog
+        p = None
+    if p is None:
+        return -1, -1, "", ""
+    return (-1 if p.left is None else int(p.left), -1 if p.total is None else int(p.total), str(p.unit),
+            str(p.position)[:200])
+
+
+def measure(task: Any) -> tuple[Any, ...]:
+    """The heartbeat's health fields, in messages.Heartbeat's order: watermark, cpu seconds,
+    rss bytes, keys, timers, late records, then the source's progress (``progress_of``)."""
     keys, timers, late = held(task)
-    return watermark_of(task), cpu_seconds(), rss_bytes(), keys, timers, late
+    return (watermark_of(task), cpu_seconds(), rss_bytes(), keys, timers, late, *progress_of(task))

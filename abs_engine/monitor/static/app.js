@@ -1,8 +1,10 @@
 /* abs-engine job dashboard.
  *
  * One classic script, no build step. Two modes:
- * - live (default): polls api/job and api/checkpoints every second (and
- *   api/checkpoints/<id> for the selected checkpoint) and redraws;
+ * - live (default): polls api/pipelines, api/job and api/checkpoints every second (and
+ *   api/checkpoints/<id> for the selected checkpoint) and redraws; a job of several
+ *   pipelines has a tab per pipeline, and every document is the selected pipeline's
+ *   (?pipeline=<name>; the address's #pipeline=<name> keeps the choice);
  * - report: window.ABS_REPORT = {job, checkpoints, details} was set before this script
  *   (abs-engine report); the page is drawn once from it, nothing is fetched.
  *
@@ -33,7 +35,9 @@
     selectedAttempt: null, // and its attempt (ids start again after a restore: the pair names one)
     userSelected: false,  // the user picked it (otherwise it follows the newest completed one)
     connected: null,      // live mode: true/false once known
-    lastUpdate: null
+    lastUpdate: null,
+    pipelines: [],        // the last api/pipelines list (one entry: no tabs)
+    pipeline: null        // the selected pipeline's name (null: the server's first)
   };
 
   var charts = { out: null, bp: null, wm: null, cp: null };
@@ -334,6 +338,13 @@
     var shown = ended ? lat.run : (lat.recent || null);
     setText("latency", shown && isNum(shown.p50_ms) ? fmtMs(shown.p50_ms) + " / " + fmtMs(shown.p99_ms) : DASH);
     setText("latency-label", ended ? "latency p50 / p99 (run)" : "latency p50 / p99");
+    var srcs = obj(job.sources);
+    setText("input-read", Object.keys(srcs).map(function (v) {
+      var s = obj(srcs[v]);
+      if (!s.unit) { return v + " " + DASH; }
+      return v + " " + (isNum(s.fraction) ? fmtPct(s.fraction) + " (" + fmtInt(s.done) + " of " + fmtInt(s.total) + " " + s.unit + ")"
+        : (isNum(s.left) ? fmtInt(s.left) + " " + s.unit + " left" : "unbounded"));
+    }).join(" \u00b7 ") || DASH);
     document.title = (job.name ? String(job.name) + " \u00b7 " : "") + (job.state ? String(job.state) + " \u00b7 " : "") +
       "abs-engine";
     renderConn();
@@ -952,6 +963,10 @@
       tr.appendChild(td(fmtInt(t.timers), "num task-timers"));
       tr.appendChild(td(isNum(t.cpu_seconds) ? oneFmt.format(t.cpu_seconds) + " s" : DASH, "num task-cpu"));
       tr.appendChild(td(isNum(t.rss_bytes) ? fmtBytes(t.rss_bytes) : DASH, "num task-rss"));
+      // A source's progress (operators/progress.py): what is left; its offset in the tooltip.
+      var p = t.progress && typeof t.progress === "object" ? t.progress : null;
+      tr.appendChild(td(p ? (isNum(p.left) ? fmtInt(p.left) + " " + str(p.unit) : "unbounded") : DASH,
+        "num task-left", p ? "at " + str(p.position) + (isNum(p.total) ? " of " + fmtInt(p.total) + " " + str(p.unit) : "") : ""));
       frag.appendChild(tr);
     });
     clear(tbody);
@@ -1372,7 +1387,54 @@
   // ---------------------------------------------------------------------------------
   // drawing everything
 
+  // ---------------------------------------------------------------------------------
+  // pipelines: a tab each when there are several (executors/pipelined.py)
+
+  function pipelineQuery() {
+    return model.pipeline === null ? "" : "?pipeline=" + encodeURIComponent(model.pipeline);
+  }
+
+  function renderPipelines() {
+    var list = arr(model.pipelines).filter(function (p) { return p && typeof p.name === "string"; });
+    var nav = $("pipelines");
+    nav.hidden = list.length < 2;
+    var tabs = $("pipeline-tabs");
+    clear(tabs);
+    list.forEach(function (p, i) {
+      var c = obj(p.checkpoints);
+      var current = model.pipeline === null ? i === 0 : p.name === model.pipeline;
+      var b = h("button", { type: "button", "class": "pipeline-tab" + (current ? " active" : ""),
+        "data-pipeline": p.name, "aria-pressed": current ? "true" : "false",
+        title: arr(p.vertices).join(", ") + ": attempt " + str(p.attempt) + ", " + fmtInt(c.completed) +
+          " checkpoints completed (latest " + str(c.latest_completed) + ")" });
+      b.appendChild(h("span", { "class": "pipeline-name" }, p.name));
+      b.appendChild(h("span", { "class": "badge " + stateClass(p.state) }, str(p.state)));
+      b.appendChild(h("span", { "class": "pipeline-restarts" }, fmtInt(p.restarts) + (p.restarts === 1 ? " restart" : " restarts")));
+      b.addEventListener("click", function () { selectPipeline(p.name); });
+      tabs.appendChild(b);
+    });
+  }
+
+  function selectPipeline(name) {
+    if (name === model.pipeline) { return; }
+    model.pipeline = name;
+    try { window.history.replaceState(null, "", "#pipeline=" + encodeURIComponent(name)); } catch (e) { /* file: */ }
+    // another pipeline: its checkpoints' ids are its own, so nothing cached carries over
+    model.details = {};
+    model.detailErrors = {};
+    model.liveDetail = null;
+    model.selected = null;
+    model.selectedAttempt = null;
+    model.userSelected = false;
+    model.job = null;
+    model.cps = null;
+    if (pollTimer !== null) { window.clearTimeout(pollTimer); pollTimer = null; }
+    renderAll();
+    poll();
+  }
+
   function renderAll() {
+    guard("pipelines", renderPipelines);
     guard("header", renderHeader);
     guard("job graph", renderGraph);
     guard("graph legend", renderGraphLegend);
@@ -1416,7 +1478,9 @@
     if (!force && (model.details[key] || model.detailErrors[key]) && !inProgress) { return Promise.resolve(); }
     if (detailInFlight && !force) { return Promise.resolve(); }
     detailInFlight = true;
-    return getJSON("api/checkpoints/" + encodeURIComponent(key)).then(function (doc) {
+    var asked = model.pipeline;
+    return getJSON("api/checkpoints/" + encodeURIComponent(key) + pipelineQuery()).then(function (doc) {
+      if (asked !== model.pipeline) { detailInFlight = false; return; }  // another pipeline's by now
       detailInFlight = false;
       doc = obj(doc);
       delete model.detailErrors[key];
@@ -1438,11 +1502,23 @@
     });
   }
 
+  var pollSeq = 0;
+
   function poll() {
     // one request after the other: a stopped server costs one failed request per retry
-    getJSON("api/job").then(function (job) {
-      return getJSON("api/checkpoints").then(function (cps) { return [job, cps]; });
+    var seq = ++pollSeq, asked = model.pipeline;
+    getJSON("api/pipelines").then(function (ps) {
+      model.pipelines = arr(obj(ps).pipelines);
+      if (model.pipeline !== null && !model.pipelines.some(function (p) { return p && p.name === model.pipeline; })) {
+        model.pipeline = null;  // (an address naming a pipeline this job does not have)
+        asked = null;
+      }
+      return getJSON("api/job" + pipelineQuery());
+    }).then(function (job) {
+      return getJSON("api/checkpoints" + pipelineQuery()).then(function (cps) { return [job, cps]; });
     }).then(function (docs) {
+      if (seq !== pollSeq) { return "stale"; }  // a pipeline was selected meanwhile: its own poll runs
+      if (asked !== model.pipeline) { return "stale"; }
       model.job = obj(docs[0]);
       model.cps = obj(docs[1]);
       model.connected = true;
@@ -1456,9 +1532,10 @@
       updateSelection();
       renderAll();
       return fetchDetail(false);
-    }).then(function () {
-      schedule(POLL_MS);
+    }).then(function (outcome) {
+      if (outcome !== "stale") { schedule(POLL_MS); }
     }).catch(function (e) {
+      if (seq !== pollSeq) { return; }
       var wasConnected = model.connected;
       model.connected = false;
       guard("status", renderConn);
@@ -1470,7 +1547,9 @@
     });
   }
 
-  function schedule(ms) { window.setTimeout(poll, ms); }
+  var pollTimer = null;
+
+  function schedule(ms) { pollTimer = window.setTimeout(poll, ms); }
 
   // ---------------------------------------------------------------------------------
   // start
@@ -1496,7 +1575,10 @@
   }
 
   function control(op) {
-    if (controlBusy || !window.confirm(CONTROLS[op])) { return; }
+    var several = arr(model.pipelines).length > 1;
+    if (controlBusy || !window.confirm(CONTROLS[op] + (several ? " (Every pipeline of the job: one savepoint set.)" : ""))) {
+      return;
+    }
     controlBusy = true;
     renderControls();
     setText("control-status", op === "cancel" ? "cancelling…" : "taking a savepoint…");
@@ -1551,6 +1633,8 @@
       renderAll();
       return;
     }
+    var m = /(?:^#|&)pipeline=([^&]*)/.exec(window.location.hash || "");
+    if (m) { try { model.pipeline = decodeURIComponent(m[1]); } catch (e) { model.pipeline = null; } }
     renderAll();
     poll();
   }

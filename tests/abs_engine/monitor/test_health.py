@@ -13,7 +13,8 @@ import pytest
 from abs_engine import Dataflow, JobResult
 from abs_engine.runtime import task_health
 from abs_engine.testing import CapturingSink, GatedSource, TestingSource
-from operators import TumblingWindows, ascending
+from operators import RangeSource, TumblingWindows, ascending
+from operators.progress import SourceProgress
 
 from .test_dashboard import TOKEN, get, metrics, split
 
@@ -48,9 +49,30 @@ class _Task:
 
 
 def test_measure_reads_the_task_without_changing_it() -> None:
-    watermark, cpu, rss, keys, timers, late = task_health.measure(_Task())
+    watermark, cpu, rss, keys, timers, late, *progress = task_health.measure(_Task())
     assert (watermark, keys, timers, late) == (41.0, 3, 7, 2)
     assert cpu > 0 and rss > 1 << 20
+    assert progress == [-1, -1, "", ""]  # not a source
+
+
+class _Reading:
+    def __init__(self, answer: Any):
+        self.answer = answer
+
+    def progress(self) -> SourceProgress | None:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer  # type: ignore[no-any-return]
+
+
+def test_a_sources_progress_travels_unbounded_as_minus_one_and_a_read_that_raises_is_left_out() -> None:
+    task = _Task()
+    task.source = _Reading(SourceProgress(3, 10, "partitions", "partition 7, row 5"))  # type: ignore[attr-defined]
+    assert task_health.progress_of(task) == (3, 10, "partitions", "partition 7, row 5")
+    task.source = _Reading(SourceProgress(None, None, "changes", "LSN 0/1"))  # type: ignore[attr-defined]
+    assert task_health.progress_of(task) == (-1, -1, "changes", "LSN 0/1")
+    task.source = _Reading(IndexError("list index out of range"))  # type: ignore[attr-defined]
+    assert task_health.progress_of(task) == (-1, -1, "", "")  # the watchdog lives on
 
 
 class _Resized:
@@ -123,3 +145,37 @@ def test_the_api_and_metrics_show_watermarks_late_and_skipped_records_keys_timer
     assert m[("abs_engine_task_keys", labels)] == 10 and m[("abs_engine_task_timers", labels)] == 10
     assert sum(v for (name, _), v in m.items() if name == "abs_engine_task_skipped_records_total") == 1
     assert m[("abs_engine_task_resident_bytes", labels)] > 1 << 20
+
+
+@pytest.mark.slow
+def test_the_api_and_metrics_show_each_sources_progress_exactly(tmp_path: Path) -> None:
+    # Two subtasks of range(1000), each held after 200 of its 500 records: 600 left.
+    flow = Dataflow("progress")
+    (flow.source(GatedSource(RangeSource(0, 1000, batch_size=10), tmp_path / "never", after=200), "read",
+                 parallelism=2)
+     .map(lambda n: n * 2, "double").sink(CapturingSink(tmp_path / "out"), "out"))
+    seen: dict[str, Any] = {}
+
+    def stop_when(res: JobResult) -> bool:
+        if not res.dashboard_url:
+            return False
+        url, token = split(res.dashboard_url)
+        job = get(url + "api/job", token)
+        if (job["sources"]["read"] or {}).get("done") != 400:
+            return False
+        seen.update(job=job, metrics=metrics(get(url + "metrics", token)))
+        return True
+
+    res = flow.run(checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.2, heartbeat_interval=0.1,
+                   dashboard=0, dashboard_token=TOKEN, stop_when=stop_when)
+    assert res.cancelled and seen, "the job never showed its sources' progress"
+    job, m = seen["job"], seen["metrics"]
+    assert job["sources"] == {"read": {"unit": "records", "left": 600, "total": 1000, "done": 400,
+                                       "fraction": 0.4}}
+    reads = sorted((t for t in job["tasks"] if t["vertex"] == "read"), key=lambda t: t["subtask"])
+    assert [t["progress"] for t in reads] == [
+        {"left": 300, "total": 1000, "unit": "records", "position": f"index {400 + i}"} for i in range(2)]
+    assert all(t["progress"] is None for t in job["tasks"] if t["vertex"] != "read")
+    for t in reads:
+        labels = (("task", t["id"]), ("unit", "records"), ("vertex", "read"))
+        assert m[("abs_engine_source_left", labels)] == 300 and m[("abs_engine_source_total", labels)] == 1000
