@@ -21,7 +21,7 @@ import runpy
 import sys
 from typing import Any
 
-from . import fs
+from . import codec, fs
 from . import state_summary
 from .api import Dataflow
 from .checkpoint.remote import open_storage
@@ -205,7 +205,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     kinds, parts = meta.layout.get("kinds", {}), dict(meta.layout.get("parts", {}))
     for op in keyed - set(parts):
         parts[op] = [["", "keyed"]]  # (a checkpoint from before layouts were recorded: keyed, whole)
-    states = {t: storage.read_state(cid, t, meta) for t in meta.tasks}
+    snapshots = {t: storage.read_snapshot(cid, t, meta) for t in meta.tasks}
+    states = {t: s.states for t, s in snapshots.items()}
     doc = {
         **storage.describe(cid),
         "job": meta.job,
@@ -216,14 +217,19 @@ def cmd_show(args: argparse.Namespace) -> int:
                 "state": jsonable(states[t]),
                 "summary": {op: state_summary.summary(st, parts.get(op, []), kinds.get(op, ""), max_p)
                             for op, st in states[t].items()},
-                "back_edge_logs": jsonable(storage.read_logs(cid, t, meta))}
+                "back_edge_logs": jsonable(snapshots[t].logs)}
             for t, e in sorted(meta.tasks.items())
         },
     }
+    # (the channels' in-flight records: back-edge logs, and an unaligned checkpoint's channel state)
+    doc["by_kind"] = state_summary.by_kind(
+        [(kinds.get(op, ""), s) for info in doc["tasks"].values() for op, s in info["summary"].items()],
+        sum(len(codec.pack(records)) for s in snapshots.values() for records in s.logs.values()))
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
         print(f"checkpoint {cid} of job {meta.job!r}: {doc['created']}, final={meta.final}, {doc['bytes']:,} bytes")
+        print("  by kind: " + ("; ".join(f"{k} {n:,} bytes" for k, n in doc["by_kind"].items()) or "no state"))
         for t, info in doc["tasks"].items():
             print(f"  {t}: {info['bytes']:,} bytes, alignment {info['alignment_ms']} ms")
             for op, state in info["state"].items():
@@ -232,7 +238,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 print(f"      {state_summary.text(kinds.get(op, op), info['summary'][op])}")
             for ch, records in info["back_edge_logs"].items():
                 text = json.dumps(records)
-                print(f"    back-edge {ch}: {len(records)} record(s) logged in flight: "
+                print(f"    channel {ch}: {len(records)} record(s) in flight (a back-edge log or channel state): "
                       f"{text[:160]}{'...' if len(text) > 160 else ''}")
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -33,11 +34,14 @@ def make_checkpoint(storage: CheckpointStorage, cid: int, states: dict[str, dict
                     {t: 1.23456 for t in tasks}, 42.0,
                     layout={"shape": "s", "operators": {op: [t] for t, ops in states.items() for op in ops},
                             "max_parallelism": 128,
-                            "keyed": [op for ops in states.values() for op in ops if op == "count"]})
+                            "keyed": [op for ops in states.values() for op in ops if op == "count"],
+                            "kinds": {op: KINDS[op] for ops in states.values() for op in ops if op in KINDS}})
     storage.write_metadata(meta)
     return meta
 
 
+KINDS = {"read": "source TextFileSource", "split": "operator flat_map", "count": "operator count keyed",
+         "write": "sink FileSink"}
 STATES = {
     "read#0": {"read": 1024, "split": None},
     "count#0": {"count": {"apple": 3, "pear": 1, 7: 2}},
@@ -237,7 +241,12 @@ def test_show_json_newest(ckdir, capsys):
         g[0] += 1
     assert {g: n for g, (n, _) in groups.items()} == {g: n for g, (n, _) in expected.items()}
     assert all(size > 0 for _, size in groups.values())
-    assert doc["tasks"]["write#0"]["summary"]["write"] == {"state": {"bytes": len(codec.pack(STATES["write#0"]["write"]))}}
+    write_bytes = len(codec.pack(STATES["write#0"]["write"]))
+    assert doc["tasks"]["write#0"]["summary"]["write"] == {"state": {"bytes": write_bytes, "kind": "sinks"}}
+    # Sizes per kind of state: the keyed counts, the source's offset, the sink's pending output.
+    count_bytes = doc["tasks"]["count#0"]["summary"]["count"]["keys"]["bytes"]
+    assert doc["by_kind"] == {"keyed": count_bytes, "sources": len(codec.pack(1024)), "sinks": write_bytes,
+                              "operators": len(codec.pack(None))}
     assert doc["tasks"]["write#0"]["state"] == {"write": {
         "published": 6,
         "pending": [[2, {"$text": "a\t3\n"}], [3, {"$hex": "fffe"}]],
@@ -482,6 +491,60 @@ def test_show_reads_a_window_operators_state_by_its_shape(tmp_path, capsys):
     assert main(["checkpoints", "show", ck]) == 0
     text = capsys.readouterr().out
     assert "keys: 300 keys in" in text and "300 open windows" in text and "timers" in text
+
+
+def test_show_counts_a_joins_buffered_records_and_sizes_every_kind_of_state(tmp_path, capsys):
+    """An interval join held with every record buffered (its bounds keep all): `checkpoints
+    show` counts the buffered records per side exactly, and sums the bytes per kind."""
+    from abs_engine import Dataflow
+    from abs_engine.testing import CapturingSink, GatedSource, TestingSource
+    from operators import ascending
+
+    left = [(f"k{i}", t) for t in range(2) for i in range(50)]  # 100 records, 50 keys
+    right = [(f"k{i}", 1) for i in range(50)]  # 50 records
+    flow = Dataflow("join")
+
+    def side(items, name):  # type: ignore[no-untyped-def]
+        return flow.source(GatedSource(TestingSource(items, batch_size=25), tmp_path / "never", after=len(items)),
+                           name, timestamps=lambda r: r[1], watermarks=ascending())
+
+    (side(left, "clicks").interval_join(side(right, "views"), lambda r: r[0], lambda r: r[0], lambda r: r[1],
+                                        lambda r: r[1], -1000, 1000, lambda a, b: (a, b), name="pair")
+     .sink(CapturingSink(tmp_path / "out"), "out"))
+    ck = str(tmp_path / "ck")
+    res = flow.run(executor="inprocess", checkpoint_dir=ck, checkpoint_interval=0.01,
+                   stop_when=lambda r: r.checkpoints_completed >= 3 and r.source_records >= 150)
+    assert res.cancelled
+    assert main(["checkpoints", "show", ck, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (summary,) = [t["summary"]["pair"] for t in doc["tasks"].values() if "pair" in t["summary"]]
+    assert summary["keys"]["keys"] == 50 and summary["keys"]["buffered"] == [100, 50]
+    assert summary["keys"]["kind"] == "joins" and summary["timers"]["kind"] == "timers"
+    by_kind = doc["by_kind"]
+    assert by_kind["joins"] == summary["keys"]["bytes"] and by_kind["timers"] == summary["timers"]["bytes"]
+    assert by_kind["sources"] > 0 and by_kind["sinks"] > 0 and "channel state" not in by_kind  # aligned
+    assert main(["checkpoints", "show", ck]) == 0
+    text = capsys.readouterr().out
+    assert "100 left and 50 right records buffered" in text and f"joins {by_kind['joins']:,} bytes" in text
+
+
+def test_show_sizes_the_channel_state_of_a_checkpoint(tmp_path, capsys):
+    """In-flight records (a back-edge log, an unaligned checkpoint's channel state) are a kind
+    of state of their own."""
+    s = CheckpointStorage(str(tmp_path))
+    meta = make_checkpoint(s, 1, STATES)
+    records = [(f"w{i}", i) for i in range(40)]
+    blob = codec.pack({"task": "count#0", "checkpoint_id": 1, "operators": {"count": codec.pack(STATES["count#0"]["count"])},
+                       "logs": {"split#0->count#0": codec.pack(records)}})
+    with open(os.path.join(s.dir_of(1), "count#0.state"), "wb") as f:
+        f.write(blob)
+    tasks = dict(meta.tasks, **{"count#0": FileRef("count#0.state", len(blob), hashlib.sha256(blob).hexdigest())})
+    s.write_metadata(dataclasses.replace(meta, tasks=tasks))
+    assert main(["checkpoints", "show", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["by_kind"]["channel state"] == len(codec.pack(records))
+    assert main(["checkpoints", "show", str(tmp_path)]) == 0
+    assert "channel split#0->count#0: 40 record(s) in flight" in capsys.readouterr().out
 
 
 def test_planning_a_spark_source_starts_no_spark(tmp_path, capsys, monkeypatch):
