@@ -37,10 +37,12 @@ __all__ = ["Dataflow", "PlanOnly", "Stream", "KeyedStream", "WindowedStream", "W
 
 
 class Dataflow:
-    """A dataflow under construction. ``parallelism`` is the default for every operator.
-    ``max_parallelism`` is the number of key groups keys are spread over (keygroups.py): the
-    most subtasks any operator can ever have, fixed for the life of the job (its
-    checkpoints record it; rescaling keeps it)."""
+    """A dataflow under construction. ``name`` names the job (its checkpoints, its logs, a
+    sink's bookkeeping; letters, digits, ``_``, ``-`` and ``.``). ``parallelism`` is the
+    default for every operator. ``max_parallelism`` is the number of key groups keys are
+    spread over (keygroups.py): the most subtasks any operator can ever have, fixed for the
+    life of the job (its checkpoints record it; rescaling keeps it). GraphError for a bad
+    value."""
 
     def __init__(self, name: str = "dataflow", parallelism: int = 1, max_parallelism: int = 128):
         if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
@@ -87,7 +89,8 @@ class Dataflow:
                timestamps: Callable[[T], Any] | None = None,
                watermarks: BoundedOutOfOrderness | None = None, on_error: str = "fail") -> "Stream[T]":
         """The stream of records ``source`` reads, in ``parallelism`` subtasks (the dataflow's
-        default if None). Each subtask reads its own share and snapshots its offset.
+        default if None; at most the source's ``max_subtasks``). Each subtask reads its own
+        share and snapshots its offset. ``name`` names the source operator (as in ``Stream.map``).
 
         Event time (docs/event-time.md): ``timestamps(record)`` gives a record's timestamp
         and ``watermarks`` (default ``BoundedOutOfOrderness(0)``: ascending timestamps) how
@@ -133,7 +136,8 @@ class Dataflow:
 
     def feedback(self, name: str | None = None, parallelism: int | None = None) -> "Feedback[Any]":
         """A loop handle: use it as a stream now, ``connect`` the loop's end to it later.
-        Annotate it for typed loops: ``loop: Feedback[int] = flow.feedback()``."""
+        Annotate it for typed loops: ``loop: Feedback[int] = flow.feedback()``. ``name`` and
+        ``parallelism`` are its operator's (as in ``Stream.map``)."""
         n = self._name(name, "feedback")
         self._add(Node(n, NodeKind.OPERATOR, Identity(), "feedback", parallelism, feedback=True, connected=False))
         return Feedback(self, n)
@@ -165,8 +169,9 @@ class Dataflow:
 
 
 class PlanOnly(BaseException):
-    """Raised by ``Dataflow.run`` while ``abs-engine plan`` loads a file (``active``): the
-    file's job is captured, never run. A BaseException, so user code's ``except
+    """Raised by ``Dataflow.run`` while ``abs-engine plan`` (or ``run``) loads a job file
+    (``active`` is then True): the file's job is captured, never run, carrying ``flow`` and
+    the options ``config`` it was run with. A BaseException, so user code's ``except
     Exception`` cannot swallow it."""
 
     active = False

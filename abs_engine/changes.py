@@ -32,6 +32,8 @@ CHANGE = 2  #: the msgpack extension type of a Change (1 is an Arrow record batc
 
 
 class ChangeKind(str, enum.Enum):
+    """What a ``Change`` did to its row (a str: ``"insert"``...)."""
+
     SNAPSHOT = "snapshot"  #: a row of the initial snapshot (it was there before the stream began)
     INSERT = "insert"
     UPDATE = "update"
@@ -41,7 +43,10 @@ class ChangeKind(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    kind: ChangeKind
+    """One row's change in a table (see the module docstring); frozen. A source makes
+    them; ``Change(kind, table, row, key, ...)`` builds one for a test or an upsert sink."""
+
+    kind: ChangeKind  #: what happened to the row
     table: str  #: ``schema.name``
     row: dict[str, Any] | None  #: the row after the change; None for a delete or a truncate
     key: dict[str, Any]  #: the replica identity's columns (before the change, for a delete or a key move)
@@ -64,7 +69,7 @@ class Change:
 
     @staticmethod
     def decode(data: bytes) -> "Change":
-        """The Change of a ``CHANGE`` extension's payload; ValueError if it is not one."""
+        """The Change of ``data``, a ``CHANGE`` extension's payload; ValueError if it is not one."""
         try:
             kind, table, row, key, before, lsn, committed = msgpack.unpackb(data, raw=False, use_list=False,
                                                                             strict_map_key=False)

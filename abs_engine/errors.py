@@ -14,6 +14,8 @@ class AbsEngineError(Exception):
 
 
 class GraphErrorReason(enum.Enum):
+    """Which rule of a valid dataflow a GraphError is about."""
+
     NO_SOURCES = "no_sources"
     UNREACHABLE = "unreachable"
     CYCLE_WITHOUT_SOURCE = "cycle_without_source"
@@ -31,7 +33,9 @@ class GraphErrorReason(enum.Enum):
 
 
 class GraphError(AbsEngineError):
-    """The dataflow graph is not valid; the message names the operator and the fix."""
+    """The dataflow graph is not valid; the message names the operator and the fix.
+    ``reason`` (a GraphErrorReason) says which rule, ``message`` what is wrong and how to
+    fix it, ``operator`` the operator it is about (None: the whole dataflow)."""
 
     def __init__(self, reason: GraphErrorReason, message: str, operator: str | None = None):
         super().__init__(message)
@@ -40,6 +44,8 @@ class GraphError(AbsEngineError):
 
 
 class CheckpointErrorReason(enum.Enum):
+    """Why a stored checkpoint (or its directory) cannot be used."""
+
     MISSING_METADATA = "missing_metadata"
     CORRUPT_METADATA = "corrupt_metadata"
     MISSING_FILE = "missing_file"
@@ -59,7 +65,9 @@ class CheckpointErrorReason(enum.Enum):
 
 
 class CheckpointError(AbsEngineError):
-    """A stored checkpoint cannot be used (corrupt, missing, or for another plan)."""
+    """A stored checkpoint cannot be used (corrupt, missing, or for another plan).
+    ``reason`` is a CheckpointErrorReason, ``message`` says what and how to proceed,
+    ``checkpoint_id`` the checkpoint (None: not one checkpoint's problem)."""
 
     def __init__(self, reason: CheckpointErrorReason, message: str, checkpoint_id: int | None = None):
         super().__init__(message)
@@ -70,8 +78,8 @@ class CheckpointError(AbsEngineError):
 class JobInterrupted(AbsEngineError):
     """The job was stopped at once (a second SIGTERM or Ctrl-C, or one with
     ``stop_with_savepoint_on_signal=False``): no savepoint, every worker stopped. The
-    message says how to resume (``checkpoint_dir``: where its checkpoints are, or None if
-    they were in a temporary directory, now removed)."""
+    ``message`` says how to resume (``checkpoint_dir``: where its checkpoints are, or None
+    if they were in a temporary directory, now removed)."""
 
     def __init__(self, message: str, checkpoint_dir: str | None):
         super().__init__(message)
@@ -79,7 +87,9 @@ class JobInterrupted(AbsEngineError):
 
 
 class SerializationError(AbsEngineError):
-    """A record or a piece of state cannot be encoded with msgpack."""
+    """A record or a piece of state cannot be encoded with msgpack: ``what`` it was (e.g.
+    "a record"), of operator ``operator``, and ``detail`` (msgpack's reason); the message
+    says which types can be."""
 
     def __init__(self, what: str, operator: str, detail: str):
         super().__init__(
@@ -93,7 +103,7 @@ class SerializationError(AbsEngineError):
 
 class ConfigError(AbsEngineError, ValueError):
     """A ``run()`` option (JobConfig) has a value the engine cannot work with; ``option``
-    names it and the message says what is accepted. A ValueError too, so that code written
+    names it and ``message`` says what is accepted. A ValueError too, so that code written
     against the plain ValueError the options raised before still catches it."""
 
     def __init__(self, option: str, message: str):
@@ -106,7 +116,10 @@ class InputError(AbsEngineError):
 
 
 class JobFailed(AbsEngineError):
-    """The job failed and the restart strategy gave up. Carries the user's traceback."""
+    """The job failed and the restart strategy gave up: ``message`` says why, ``operator``
+    names the operator that failed (None: not one operator's failure) and
+    ``user_traceback`` is the traceback of the user's code in the worker, appended to the
+    message."""
 
     def __init__(self, message: str, operator: str | None = None, user_traceback: str | None = None):
         full = message
@@ -118,6 +131,8 @@ class JobFailed(AbsEngineError):
 
 
 class ProtocolErrorReason(enum.Enum):
+    """How a connection broke the wire protocol."""
+
     AUTH_FAILED = "auth_failed"  #: the peer does not know the job's secret
     HANDSHAKE_TIMEOUT = "handshake_timeout"  #: the handshake did not finish in time
     FRAME_TOO_LARGE = "frame_too_large"  #: a frame header announced more than the maximum
@@ -126,7 +141,8 @@ class ProtocolErrorReason(enum.Enum):
 
 
 class ProtocolError(AbsEngineError):
-    """A connection broke the wire protocol (unauthenticated, oversized or malformed)."""
+    """A connection broke the wire protocol (unauthenticated, oversized or malformed):
+    ``reason`` is a ProtocolErrorReason, ``message`` names the peer and the problem."""
 
     def __init__(self, reason: ProtocolErrorReason, message: str):
         super().__init__(message)
@@ -139,6 +155,8 @@ class FencedOut(AbsEngineError):
 
 
 class RescaleErrorReason(enum.Enum):
+    """Why a checkpoint's state cannot be restored at another parallelism."""
+
     STATEFUL_OPERATOR = "stateful_operator"  #: its state has no rule to split or merge it
     FINISHED = "finished"  #: the checkpoint was taken after the operator had finished
     #: Records in flight that cannot be re-routed. Not raised any more (channel state is
@@ -151,8 +169,9 @@ class RescaleErrorReason(enum.Enum):
 
 
 class RescaleError(AbsEngineError):
-    """A checkpoint cannot be restored at the job's new parallelism; the message names the
-    operator and the fix."""
+    """A checkpoint cannot be restored at the job's new parallelism: ``reason`` is a
+    RescaleErrorReason, ``message`` names the operator and the fix, ``operator`` is its
+    name (None: the whole job, e.g. another ``max_parallelism``)."""
 
     fatal = True  #: retrying cannot help: the checkpoint and the dataflow stay what they are
 
@@ -175,7 +194,9 @@ def _mib(n: int) -> str:
 class LoopOverflow(AbsEngineError):
     """A loop holds more records in flight than ``loop_memory`` plus ``loop_disk`` allow:
     its operators emit records into it faster than it consumes them (runtime/overflow.py).
-    The message names the back-edge channels, the operator they feed, the sizes and the fix."""
+    The message names the back-edge channels, the operator they feed, the sizes and the fix:
+    ``task`` and ``operator`` that the loop feeds, its back-edge ``channels``, the bytes
+    ``in_memory`` and ``on_disk``, and the limits ``memory_limit`` and ``disk_limit``."""
 
     fatal = True  #: a replay of the same loop overflows the same way
 

@@ -30,7 +30,13 @@ class KeyedStream(Stream[T], Generic[T, K]):
     """A stream of ``T`` whose next operator is keyed by ``K``: its input is partitioned by
     the key's key group. The keyed operators' state lives per key; it is checkpointed,
     split by key group when the job is rescaled, and written incrementally when
-    ``incremental_checkpoints`` is on. Their outputs are ``(key, value)`` pairs."""
+    ``incremental_checkpoints`` is on. Their outputs are ``(key, value)`` pairs. Every
+    method takes ``name`` and ``parallelism`` as ``Stream.map`` does, and those with user
+    functions ``on_error`` ("fail" or "skip") for them.
+
+    Made by ``Stream.key_by``: ``flow`` and ``node`` as for a Stream, ``key_fn`` and
+    ``key_on_error`` are key_by's ``key`` and ``on_error``, ``key_name`` how errors name the
+    key function (None: its ``__name__``)."""
 
     def __init__(self, flow: Dataflow, node: str, key_fn: Callable[[T], K] | None, key_on_error: str = "fail",
                  key_name: str | None = None):
@@ -77,7 +83,8 @@ class KeyedStream(Stream[T], Generic[T, K]):
         return KeyedStream(self.flow, pre, itemgetter(0), key_name=key_name)
 
     def count(self, name: str | None = None, parallelism: int | None = None) -> Stream[tuple[K, int]]:
-        """Running count per key: ``(key, count so far)`` for every record."""
+        """Running count per key: ``(key, count so far)`` for every record (``name``,
+        ``parallelism``: see the class docstring)."""
         return self._keyed(Count(self.key_fn), "count", name, parallelism)
 
     def count_final(self, name: str | None = None, parallelism: int | None = None) -> Stream[tuple[K, int]]:
@@ -86,7 +93,8 @@ class KeyedStream(Stream[T], Generic[T, K]):
         A combiner (operators/combiners.py) counts in the upstream task, before the shuffle,
         as Spark's ``reduceByKey`` does: only ``(key, n)`` pairs cross to the keyed task,
         which adds them up. It is named ``<name>_pre`` (``pre_count`` without a name) and
-        ``flow.explain()`` shows it in the upstream task's chain."""
+        ``flow.explain()`` shows it in the upstream task's chain. ``name`` and
+        ``parallelism`` are the keyed operator's."""
         pre_op = PreCount(self.key_fn)
         # A key that cannot cross (unhashable) is still key_by's, by its name, in the error.
         partials = self._before_shuffle(pre_op, "pre_count", name, key_name=self._key_label())
@@ -99,15 +107,18 @@ class KeyedStream(Stream[T], Generic[T, K]):
         """Running reduce per key: a key's first record is its accumulator, then ``acc =
         fn(acc, record)``; emits ``(key, acc)`` for every record. ``fn`` combines two values
         of the record's type; for an accumulator of another type use ``aggregate``. If
-        ``fn`` raises, the key's state is unchanged; on_error="fail" fails the task naming
-        the record, "skip" drops and reports it."""
+        ``fn`` raises, the key's state is unchanged; ``on_error="fail"`` fails the task
+        naming the record, "skip" drops and reports it. ``fn`` must return a new value, not
+        change ``acc`` in place: a key's first accumulator is its first record itself, and
+        every emitted pair holds the accumulator. ``name``, ``parallelism``: see the class."""
         return self._keyed(Reduce(fn, self.key_fn, _on_error(on_error)), "reduce", name, parallelism)
 
     def reduce_final(
         self, fn: Callable[[T, T], T], name: str | None = None, parallelism: int | None = None,
         on_error: str = "fail",
     ) -> Stream[tuple[K, T]]:
-        """``reduce`` for bounded input: ``(key, acc)`` once per key at the end."""
+        """``reduce`` for bounded input: ``(key, acc)`` once per key at the end; ``fn``,
+        ``name``, ``parallelism`` and ``on_error`` as in ``reduce``."""
         return self._keyed(ReduceFinal(fn, self.key_fn, _on_error(on_error)), "reduce_final", name, parallelism)
 
     @overload
@@ -124,12 +135,20 @@ class KeyedStream(Stream[T], Generic[T, K]):
                   result: Callable[[A], Any] | None = None, name: str | None = None,
                   parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, Any]]:
         """Running aggregate per key (Flink's AggregateFunction): ``acc = add(acc, record)``
-        from ``create()``; emits ``(key, result(acc))`` (or ``(key, acc)``) for every record.
-        E.g. a running mean: ``aggregate(lambda: (0, 0), lambda a, r: (a[0] + 1, a[1] + r[1]),
-        lambda a: a[1] / a[0])``. If a function raises, the key's accumulator is unchanged
-        and ``on_error`` applies (as in ``reduce``). Accumulators must be msgpack-encodable
-        (docs/dataflows.md, "Records between processes"). A running aggregate emits for every record, so it takes no
-        ``merge``: pre-aggregation would change its output (``aggregate_final`` takes one)."""
+        from ``create()`` (called for a key's first record); emits ``(key, result(acc))``
+        (``(key, acc)`` when ``result`` is None) for every record. E.g. a running mean:
+        ``aggregate(lambda: (0, 0), lambda a, r: (a[0] + 1, a[1] + r[1]), lambda a: a[1] / a[0])``.
+        If a function raises, the key's accumulator is unchanged and ``on_error`` applies (as
+        in ``reduce``). Accumulators must be msgpack-encodable (docs/dataflows.md, "Records
+        between processes"). A running aggregate emits for every record, so it takes no
+        ``merge``: pre-aggregation would change its output (``aggregate_final`` takes one).
+
+        In place: without ``result``, ``add`` must return a new accumulator, not change its
+        argument (each emitted pair holds the accumulator itself: pairs already emitted
+        would change too). With a ``result`` that makes a new value, ``add`` may change
+        ``acc`` in place and return it if ``create`` returns a new object on every call; but
+        then a record ``add`` or ``result`` raises on keeps what ``add`` changed when
+        skipped (on_error="skip"). ``name``, ``parallelism``: see the class docstring."""
         return self._keyed(Aggregate(create, add, result, self.key_fn, _on_error(on_error)), "aggregate", name,
                            parallelism)
 
@@ -147,7 +166,12 @@ class KeyedStream(Stream[T], Generic[T, K]):
                         result: Callable[[A], Any] | None = None, merge: Callable[[A, A], A] | None = None,
                         name: str | None = None, parallelism: int | None = None,
                         on_error: str = "fail") -> Stream[tuple[K, Any]]:
-        """``aggregate`` for bounded input: ``(key, result(acc))`` once per key at the end.
+        """``aggregate`` for bounded input: ``(key, result(acc))`` (``(key, acc)`` when
+        ``result`` is None) once per key at the end; ``create``, ``add``, ``result``,
+        ``name``, ``parallelism`` and ``on_error`` as in ``aggregate``. Nothing is emitted
+        before the end, so ``add`` (and ``merge``) may change the accumulator in place and
+        return it, if ``create`` returns a new object on every call (what a raising
+        function changed in place stays when its record is skipped).
 
         With ``merge(acc1, acc2)`` the records are pre-aggregated before the shuffle: the
         upstream task folds each batch into one partial accumulator per key and only the
@@ -167,7 +191,9 @@ class KeyedStream(Stream[T], Generic[T, K]):
     def fold_final(self, create: Callable[[], A], fold: Callable[[A, T], A], name: str | None = None,
                    parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, A]]:
         """Fold per key for bounded input (Bytewax's ``fold_final``): ``acc = fold(acc,
-        record)`` from ``create()``; ``(key, acc)`` once per key at the end."""
+        record)`` from ``create()``; ``(key, acc)`` once per key at the end. ``fold`` may
+        change ``acc`` in place and return it, as in ``aggregate_final``; ``name``,
+        ``parallelism`` and ``on_error`` as there."""
         return self._keyed(FoldFinal(create, fold, self.key_fn, _on_error(on_error)), "fold_final", name,
                            parallelism)
 
@@ -175,19 +201,23 @@ class KeyedStream(Stream[T], Generic[T, K]):
                      parallelism: int | None = None, on_error: str = "fail") -> Stream[tuple[K, U]]:
         """Per key (Bytewax's ``stateful_map``): ``state, out = fn(state, record)``, ``state``
         None for a key's first record; emits ``(key, out)``; returning state None drops it.
-        The state must be msgpack-encodable (after a restore a tuple comes back as a list)."""
+        The state must be msgpack-encodable (after a restore a tuple comes back as a list).
+        ``fn`` may change ``state`` in place and return it when ``out`` does not share it
+        (an emitted record must not change later); a record it raises on keeps that change
+        when skipped. ``name``, ``parallelism`` and ``on_error``: see the class docstring."""
         return self._keyed(StatefulMap(fn, self.key_fn, _on_error(on_error)), "stateful_map", name, parallelism)
 
     def apply_keyed(self, op: Operator, name: str | None = None, parallelism: int | None = None,
                     timestamp: Callable[[T], Any] | None = None, on_error: str | None = None) -> Stream[Any]:
-        """A user-defined keyed operator; it must key its state by the same key. A
+        """Add ``op``, a user-defined keyed operator; it must key its state by the same key. A
         ``KeyedProcess`` (operators/keyed_process.py) gets this stream's key function and
         runtime-owned per-key state (snapshotted, rescaled by key group, incremental). A
         ``KeyedTimedProcess`` (operators/timers.py) also gets timers, and ``timestamp`` (a
         function of the record) for ``ctx.timestamp``. ``on_error`` ("fail" or "skip"; None:
         the operator's own, "fail" unless it sets one) applies to ``timestamp``,
         ``process_key`` and ``on_timer``: skipped, a record's outputs are dropped and the
-        key's value is put back as it was (operators/keyed_process.py says what cannot be)."""
+        key's value is put back as it was (operators/keyed_process.py says what cannot be).
+        ``name``, ``parallelism``: see the class docstring."""
         from operators.keyed_process import KeyedProcess
 
         if on_error is not None:

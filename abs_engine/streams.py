@@ -61,7 +61,12 @@ def _tag_right(record: Any) -> tuple[int, Any]:
 class Stream(Generic[T]):
     """A stream of records of type ``T`` produced by one operator. Its methods add the next
     operator and return the stream it produces; ``name`` names that operator (unique in the
-    dataflow, the key of its state in checkpoints) and ``parallelism`` sets its subtasks."""
+    dataflow, the key of its state in checkpoints; None: one is made from the method's
+    name, ``map``, ``map_2``...) and ``parallelism`` sets its subtasks (None: the dataflow's).
+
+    Made by ``Dataflow.source`` and the methods here, not by hand: ``flow`` is the Dataflow,
+    ``node`` the name of the operator whose output it is, ``partition`` how its records
+    reach the next operator (None: forward at equal parallelism, else round robin)."""
 
     #: The class ``key_by`` makes. A KeyedStream is a Stream, so this module cannot import
     #: keyed.py (the two would import each other); keyed.py sets it where it defines the
@@ -91,8 +96,9 @@ class Stream(Generic[T]):
 
     def map(self, fn: Callable[[T], U], name: str | None = None, parallelism: int | None = None,
             on_error: str = "fail") -> "Stream[U]":
-        """``fn(record)`` for every record. on_error="skip" drops (and reports) records on
-        which ``fn`` raises; the default fails the task, naming the record."""
+        """``fn(record)`` for every record. ``on_error="skip"`` drops (and reports) records
+        on which ``fn`` raises; the default, "fail", fails the task, naming the record.
+        ``name`` and ``parallelism``: see the class docstring."""
         return Stream(self.flow, self._then(Map(fn, _on_error(on_error)), "map", f"map({_fn_label(fn)})", name,
                                             parallelism))
 
@@ -100,13 +106,15 @@ class Stream(Generic[T]):
         self, fn: Callable[[T], Iterable[U]], name: str | None = None, parallelism: int | None = None,
         on_error: str = "fail",
     ) -> "Stream[U]":
-        """Every record ``fn(record)`` yields; on_error as in map()."""
+        """Every record ``fn(record)`` yields; ``name``, ``parallelism`` and ``on_error`` as
+        in ``map``."""
         return Stream(self.flow, self._then(FlatMap(fn, _on_error(on_error)), "flat_map", f"flat_map({_fn_label(fn)})",
                                             name, parallelism))
 
     def filter(self, fn: Callable[[T], bool], name: str | None = None, parallelism: int | None = None,
                on_error: str = "fail") -> "Stream[T]":
-        """The records for which ``fn(record)`` is true; on_error as in map()."""
+        """The records for which ``fn(record)`` is true; ``name``, ``parallelism`` and
+        ``on_error`` as in ``map``."""
         return Stream(self.flow, self._then(Filter(fn, _on_error(on_error)), "filter", f"filter({_fn_label(fn)})",
                                             name, parallelism))
 
@@ -115,27 +123,30 @@ class Stream(Generic[T]):
     def map_batches(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None,
                     on_error: str = "fail") -> "Stream[Any]":
         """``fn(batch)`` for every ``pyarrow.RecordBatch``: a RecordBatch, a Table (its
-        batches) or None (nothing); vectorize it with ``pyarrow.compute``. on_error="skip"
-        drops (and reports) a batch ``fn`` raises on."""
+        batches) or None (nothing); vectorize it with ``pyarrow.compute``. ``on_error="skip"``
+        drops (and reports) a batch ``fn`` raises on; ``name`` and ``parallelism`` as in ``map``."""
         return Stream(self.flow, self._then(MapBatches(fn, _on_error(on_error)), "map_batches",
                                             f"map_batches({_fn_label(fn)})", name, parallelism))
 
     def filter_batches(self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None,
                        on_error: str = "fail") -> "Stream[Any]":
         """The rows of each RecordBatch where the mask ``fn(batch)`` (a boolean array or
-        expression pyarrow's ``RecordBatch.filter`` takes) is true; on_error as in map_batches()."""
+        expression pyarrow's ``RecordBatch.filter`` takes) is true; ``name``, ``parallelism``
+        and ``on_error`` as in ``map_batches``."""
         return Stream(self.flow, self._then(FilterBatches(fn, _on_error(on_error)), "filter_batches",
                                             f"filter_batches({_fn_label(fn)})", name, parallelism))
 
     def rows(self, name: str | None = None, parallelism: int | None = None) -> "Stream[Any]":
-        """Each RecordBatch's rows as tuples (one column: its values), for row operators."""
+        """Each RecordBatch's rows as tuples (one column: its values), for row operators;
+        ``name`` and ``parallelism`` as in ``map``."""
         return Stream(self.flow, self._then(Rows(), "rows", "rows", name, parallelism))
 
     def to_batches(self, columns: Sequence[str], schema: Any = None, name: str | None = None,
                    parallelism: int | None = None, on_error: str = "fail") -> "Stream[Any]":
         """Tuples of ``len(columns)`` values as RecordBatches (one per engine batch), types
-        inferred by pyarrow or given by ``schema``; on_error="skip" drops a record that
-        does not fit, reporting it."""
+        inferred by pyarrow or given by ``schema`` (a ``pyarrow.Schema``); ``on_error="skip"``
+        drops a record that does not fit, reporting it; ``name`` and ``parallelism`` as in
+        ``map``. GraphError if ``columns`` is empty."""
         if not columns:
             raise GraphError(GraphErrorReason.BAD_ARGUMENT, "to_batches() needs at least one column name")
         return Stream(self.flow, self._then(ToBatches(columns, schema, _on_error(on_error)), "to_batches",
@@ -152,7 +163,8 @@ class Stream(Generic[T]):
         (key: the column's value, or a tuple for several columns; value: the aggregate,
         or a tuple of them in order): once per key at the end with ``final`` (bounded
         input), else the key's running value after each batch that had it. Nulls are
-        skipped as in SQL; null keys form a group."""
+        skipped as in SQL; null keys form a group. ``name`` and ``parallelism`` are the keyed
+        operator's (as in ``map``); GraphError names a bad ``by`` or aggregation."""
         cols = [by] if isinstance(by, str) else list(by)
         given: list[tuple[Any, ...]] = [("*", "count")] if aggregations is None else [tuple(a) for a in aggregations]
         if not cols or not all(isinstance(c, str) for c in cols):
@@ -175,7 +187,8 @@ class Stream(Generic[T]):
                                parallelism, key_label=f"{', '.join(cols)}; {shown}{'' if final else '; running'}")
 
     def apply(self, op: Operator, name: str | None = None, parallelism: int | None = None) -> "Stream[Any]":
-        """Any user-defined Operator subclass (operators/base.py: batches in, records out)."""
+        """Add ``op``, any user-defined Operator subclass (operators/base.py: batches in,
+        records out); ``name`` and ``parallelism`` as in ``map``."""
         return Stream(self.flow, self._then(op, "apply", type(op).__name__, name, parallelism))
 
     @overload
@@ -189,7 +202,7 @@ class Stream(Generic[T]):
         operator is keyed, and every record of one key goes to the same subtask. A key must
         be msgpack-encodable and hash the same in every process (str, int, bytes, tuples of
         them...); its key group (``max_parallelism``) decides its subtask. A record ``key``
-        raises on fails the task naming ``key_by`` and the record (on_error="fail"), or is
+        raises on fails the task naming ``key_by`` and the record (``on_error="fail"``), or is
         dropped and reported ("skip"), wherever the key is computed (before the shuffle, or
         in the keyed operator); before the shuffle, so is a record whose key is unhashable."""
         return self._keyed_stream(self.flow, self.node, key, _on_error(on_error))
@@ -204,7 +217,8 @@ class Stream(Generic[T]):
 
     def union(self, *others: "Stream[T]", name: str | None = None,
               parallelism: int | None = None) -> "Stream[T]":
-        """The records of this stream and ``others``, interleaved (FIFO per channel)."""
+        """The records of this stream and ``others``, interleaved (FIFO per channel);
+        ``name`` and ``parallelism`` as in ``map``. GraphError if one is of another Dataflow."""
         for o in others:
             if o.flow is not self.flow:
                 raise GraphError(GraphErrorReason.FOREIGN_STREAM, "union() of streams from different Dataflows")
@@ -219,11 +233,15 @@ class Stream(Generic[T]):
                       timestamp: Callable[[T], Any], other_timestamp: Callable[[U], Any], lower: Any, upper: Any,
                       fn: Callable[[T, U], Any], name: str | None = None,
                       parallelism: int | None = None, on_error: str = "fail") -> "Stream[Any]":
-        """Every pair of one key with ``ts + lower <= other_ts <= ts + upper``, as ``fn(record,
-        other_record)`` (operators/joins.py): an event-time join whose state is bounded by
-        the watermark. Records at or behind the watermark are late: reported, not joined.
-        ``on_error`` applies to all its functions (keys, timestamps, ``fn``): a record one
-        raises on fails the task naming it ("fail"), or is dropped and reported ("skip")."""
+        """Join this stream with ``other`` (of the same Dataflow) on event time
+        (operators/joins.py): every pair of one key with ``ts + lower <= other_ts <= ts +
+        upper``, as ``fn(record, other_record)``. ``key``/``other_key`` give each side's key,
+        ``timestamp``/``other_timestamp`` its event time; ``lower`` and ``upper`` are in
+        timestamp units, ``lower <= upper`` (GraphError otherwise). Its state is bounded by
+        the watermark: records at or behind it are late, reported, not joined. ``on_error``
+        applies to all its functions: a record one raises on fails the task naming it
+        ("fail"), or is dropped and reported ("skip"). ``name`` and ``parallelism`` are the
+        join's (as in ``map``)."""
         if other.flow is not self.flow:
             raise GraphError(GraphErrorReason.FOREIGN_STREAM, "interval_join() of streams from different Dataflows")
         for what, f in (("key", key), ("other_key", other_key), ("timestamp", timestamp),
@@ -245,7 +263,9 @@ class Stream(Generic[T]):
 
     def sink(self, sink: Sink, name: str | None = None, parallelism: int | None = None) -> None:
         """End the stream in ``sink`` (FileSink, CapturingSink, ParquetSink...). Sinks that
-        publish on checkpoint completion (two-phase commit) give exactly-once output."""
+        publish on checkpoint completion (two-phase commit) give exactly-once output.
+        ``name`` and ``parallelism`` as in ``map``. GraphError if another sink of the
+        dataflow writes the same output."""
         if not isinstance(sink, Sink):
             raise GraphError(
                 GraphErrorReason.BAD_ARGUMENT, f"Stream.sink() takes an operators.Sink, got {type(sink).__name__}"
@@ -267,7 +287,8 @@ class Stream(Generic[T]):
 
 class Feedback(Stream[T]):
     """The head of a loop: records sent to ``connect(stream)`` come back here, on a
-    back-edge (records in flight on it at a checkpoint are logged into the snapshot)."""
+    back-edge (records in flight on it at a checkpoint are logged into the snapshot).
+    Made by ``Dataflow.feedback``: ``flow``, ``node`` and ``partition`` as for a Stream."""
 
     def connect(self, stream: Stream[T]) -> None:
         """Close the loop: ``stream``'s records flow back to this feedback (once only)."""

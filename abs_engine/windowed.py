@@ -28,7 +28,10 @@ class WindowedStream(Generic[T, K]):
     too): a record one raises on fails the task naming it ("fail"), or is dropped and
     reported with its key's windows unchanged ("skip"); a window whose ``result`` or
     ``process`` raises when it fires is named as ``(key, start, end)`` (skipped: no output
-    for it)."""
+    for it). ``name`` and ``parallelism`` are the window operator's, as in ``Stream.map``.
+
+    Made by ``KeyedStream.window``: ``keyed`` is that stream, ``windows``, ``timestamp`` and
+    ``allowed_lateness`` its arguments."""
 
     def __init__(self, keyed: KeyedStream[T, K], windows: Windows, timestamp: Callable[[T], Any],
                  allowed_lateness: Any):
@@ -51,15 +54,23 @@ class WindowedStream(Generic[T, K]):
     def reduce(self, fn: Callable[[T, T], T], name: str | None = None,
                parallelism: int | None = None, on_error: str = "fail") -> "WindowResults[tuple[K, Any, Any, T]]":
         """Per key and window, ``fn(acc, record)`` from the window's first record: ``(key,
-        start, end, acc)`` when the window fires."""
+        start, end, acc)`` when the window fires. ``name``, ``parallelism``, ``on_error``:
+        see the class docstring."""
         return self._op(REDUCE, fn, name, parallelism, on_error)
 
     def aggregate(self, create: Callable[[], A], add: Callable[[A, T], A], result: Callable[[A], Any] | None = None,
                   merge: Callable[[A, A], A] | None = None, name: str | None = None,
                   parallelism: int | None = None, on_error: str = "fail") -> "WindowResults[tuple[K, Any, Any, Any]]":
         """Per key and window, ``acc = add(acc, record)`` from ``create()``: ``(key, start,
-        end, result(acc))`` (or ``acc``) when it fires. Session windows merge accumulators:
-        they need ``merge(acc1, acc2)``."""
+        end, result(acc))`` (``acc`` when ``result`` is None) when it fires. Session windows
+        merge accumulators: they need ``merge(acc1, acc2)`` (GraphError without); with it,
+        sliding windows whose size is a multiple of the slide are kept as panes of one
+        slide (operators.windows). ``add`` and ``merge`` may change the accumulator
+        in place and return it when ``create`` returns a new object on every call and
+        ``result`` makes a new value (without ``result`` the output holds the accumulator,
+        which a late record would change again); what a function changed in place before it
+        raised stays (operators.windows). ``name``, ``parallelism``, ``on_error``: see the
+        class docstring."""
         if isinstance(self.windows, SessionWindows) and merge is None:
             raise GraphError(GraphErrorReason.BAD_ARGUMENT,
                              "aggregate() over SessionWindows needs merge=(acc1, acc2) -> acc: sessions merge")
@@ -68,12 +79,14 @@ class WindowedStream(Generic[T, K]):
     def process(self, fn: Callable[[K, Any, Any, list[T]], Iterable[U] | None], name: str | None = None,
                 parallelism: int | None = None, on_error: str = "fail") -> "WindowResults[U]":
         """Per key and window, ``fn(key, start, end, records)`` when it fires: the records it
-        returns (the window keeps its records until then)."""
+        returns (the window keeps its records until then). ``name``, ``parallelism``,
+        ``on_error``: see the class docstring."""
         return self._op(PROCESS, fn, name, parallelism, on_error)
 
 
 class WindowResults(Stream[T]):
-    """A window operator's results; ``late`` is the stream of its late records."""
+    """A window operator's results; ``late`` is the stream of its late records. Made by
+    WindowedStream: ``flow`` and ``node`` as for a Stream, ``op`` the window operator."""
 
     def __init__(self, flow: Dataflow, node: str, op: WindowOperator):
         super().__init__(flow, node)

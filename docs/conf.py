@@ -21,6 +21,9 @@ exclude_patterns = ["_build"]
 myst_heading_anchors = 3
 
 autodoc_member_order = "bysource"
+# A class's docstring, then its __init__'s (tests/docs/test_reference.py reads both for the
+# constructor's parameters).
+autoclass_content = "both"
 autodoc_typehints = "signature"
 autodoc_default_options = {"show-inheritance": True}  # members: listed per class in api.md
 # Types named only in annotations (``from __future__ import annotations``) stay text.

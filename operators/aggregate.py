@@ -30,6 +30,22 @@ dropped and reported. At the end of input, a ``result`` that raises on a key's a
 names ``(key, accumulator)`` as the record (skipped: that key's result is left out).
 Accumulators and states must be msgpack-encodable: after a restore a tuple comes back as a
 list (records crossing a process go the other way: a list arrives as a tuple).
+
+Changing an accumulator in place: ``add`` (``fold``, ``merge``) may update its accumulator
+argument and return it instead of building a new one, if
+
+- ``create`` returns a new object on every call (it runs once per key, and once per key
+  and batch when pre-aggregating): a shared object would be every key's accumulator; and
+- nothing emitted holds the accumulator. True of ``AggregateFinal``, ``FoldFinal`` and
+  pre-aggregation (they emit at the end, or a batch's partials once it is done) and of
+  ``Aggregate`` with a ``result`` that makes a new value. Not of ``Aggregate`` without
+  ``result``: each pair it emits holds the accumulator itself, and pairs emitted earlier
+  (in the same batch, or kept by an operator downstream in the same task) would change.
+
+Checkpoints are safe either way: a snapshot is encoded (or forked) before another record is
+processed. What a function changed in place before it (or ``result``) raised stays when the
+record is skipped (``on_error="skip"``); with "fail" the restart restores the checkpoint.
+``StatefulMap``'s state is the same: change it in place only if ``out`` does not share it.
 """
 
 from __future__ import annotations
@@ -40,11 +56,18 @@ from typing import Any, Callable
 from .base import Operator, check_on_error, function_label, raised_in
 from .keyed import KeyFn, Reduce
 
+#: What users may build (PreAggregate and MergeFinal are the engine's: ``aggregate_final``
+#: with ``merge`` makes them).
+__all__ = ["Aggregate", "AggregateFinal", "FoldFinal", "StatefulMap"]
+
 _NONE = object()
 
 
 class Aggregate(Reduce):
-    """Running aggregate per key (see the module docstring)."""
+    """Running aggregate per key (see the module docstring): ``create()`` makes a key's
+    first accumulator, ``add(acc, record)`` the next, ``result(acc)`` what is emitted (None:
+    the accumulator). ``key_fn`` gives a record's key (None: the record itself); ``on_error``
+    ("fail" or "skip") applies to all three."""
 
     ROLE = "add"
 
@@ -96,7 +119,8 @@ class Aggregate(Reduce):
 
 
 class AggregateFinal(Aggregate):
-    """Aggregate per key for bounded input: ``(key, result(acc))`` once per key at the end."""
+    """Aggregate per key for bounded input: ``(key, result(acc))`` once per key at the end;
+    ``create``, ``add``, ``result``, ``key_fn`` and ``on_error`` as in Aggregate."""
 
     def __init__(self, create: Callable[[], Any], add: Callable[[Any, Any], Any],
                  result: Callable[[Any], Any] | None = None, key_fn: KeyFn = None, on_error: str = "fail"):
@@ -182,8 +206,9 @@ def _no_create() -> Any:  # MergeFinal starts from a key's first partial
 
 
 class FoldFinal(AggregateFinal):
-    """Fold per key for bounded input: ``acc = fold(acc, record)`` from ``create()``;
-    ``(key, acc)`` once per key at the end."""
+    """Fold per key for bounded input: ``acc = fold(acc, record)`` from ``create()``, with
+    ``fold`` as Aggregate's ``add``; ``(key, acc)`` once per key at the end; ``key_fn`` and
+    ``on_error`` as in Aggregate."""
 
     def __init__(self, create: Callable[[], Any], fold: Callable[[Any, Any], Any], key_fn: KeyFn = None,
                  on_error: str = "fail"):
@@ -191,7 +216,8 @@ class FoldFinal(AggregateFinal):
 
 
 class StatefulMap(Reduce):
-    """``state, out = fn(state, record)`` per key; emits ``(key, out)`` (see the module docstring)."""
+    """``state, out = fn(state, record)`` per key, ``fn`` the user's function; emits ``(key,
+    out)`` (see the module docstring); ``key_fn`` and ``on_error`` as in Aggregate."""
 
     ROLE = "stateful_map"
 

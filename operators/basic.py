@@ -39,6 +39,10 @@ class _PerRecord(Operator):
 
 
 class Map(_PerRecord):
+    """``fn(record)`` for every record (``Stream.map``). ``on_error``: "fail" (the default)
+    fails the task naming a record ``fn`` raises on, "skip" drops and reports it; any other
+    value is a ValueError."""
+
     ROLE = "map"
 
     def _one(self, record: Any, out: list[Any]) -> None:
@@ -53,6 +57,9 @@ class Map(_PerRecord):
 
 
 class FlatMap(_PerRecord):
+    """Every record ``fn(record)`` yields, all of a record's or none (``Stream.flat_map``);
+    ``on_error`` as in Map."""
+
     ROLE = "flat_map"
 
     def __init__(self, fn: Callable[[Any], Iterable[Any]], on_error: str = "fail"):
@@ -71,6 +78,8 @@ class FlatMap(_PerRecord):
 
 
 class Filter(_PerRecord):
+    """The records for which ``fn(record)`` is true (``Stream.filter``); ``on_error`` as in Map."""
+
     ROLE = "filter"
 
     def __init__(self, fn: Callable[[Any], bool], on_error: str = "fail"):

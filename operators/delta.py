@@ -31,12 +31,16 @@ __all__ = ["DeltaProblem", "DeltaSink", "DeltaSinkError"]
 
 
 class DeltaProblem(enum.Enum):
+    """What a DeltaSinkError is about: the table cannot be opened or created (or the
+    deltalake package is missing), or it lacks a column of the sink's schema."""
+
     UNREACHABLE = "unreachable"
     SCHEMA_MISMATCH = "schema mismatch"
 
 
 class DeltaSinkError(InputError):
-    """The sink cannot write the table it was pointed at; retrying cannot help."""
+    """The sink cannot write the table it was pointed at; retrying cannot help. ``problem``
+    (a DeltaProblem) says what, ``message`` names the table and the fix."""
 
     fatal = True
 

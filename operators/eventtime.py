@@ -37,6 +37,9 @@ MAX_WATERMARK = float("inf")
 
 TimestampFn = Callable[[Any], float]
 
+#: What users import (EventTimeSource is the engine's: ``Dataflow.source`` makes it).
+__all__ = ["BoundedOutOfOrderness", "ascending"]
+
 
 @dataclass(frozen=True)
 class BoundedOutOfOrderness:
@@ -56,7 +59,8 @@ class BoundedOutOfOrderness:
 
 
 def ascending(idle_timeout: float | None = None) -> BoundedOutOfOrderness:
-    """Timestamps that never decrease within a subtask (Flink's monotonous timestamps)."""
+    """Timestamps that never decrease within a subtask (Flink's monotonous timestamps):
+    ``BoundedOutOfOrderness(0, idle_timeout)``, ``idle_timeout`` as there."""
     return BoundedOutOfOrderness(0, idle_timeout)
 
 

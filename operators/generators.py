@@ -116,7 +116,7 @@ class IndexSource(Source[T]):
 
 
 class RangeSource(IndexSource[int]):
-    """The integers ``start <= i < stop`` (``RangeSource(n)``: ``0 <= i < n``, as ``range``);
+    """The integers ``start <= i < stop`` (``stop`` None: ``RangeSource(n)`` is ``0 <= i < n``);
     subtask k of p emits those with i % p == k (relative to start), in increasing order,
     ``batch_size`` per batch (an IndexSource)."""
 

@@ -28,12 +28,16 @@ PROPERTY = "abs-engine."  #: the snapshot summary key's prefix, before the app_i
 
 
 class IcebergProblem(enum.Enum):
+    """What an IcebergSinkError is about: the catalog or table cannot be opened or created
+    (or the pyiceberg package is missing), or it lacks a field of the sink's schema."""
+
     UNREACHABLE = "unreachable"
     SCHEMA_MISMATCH = "schema mismatch"
 
 
 class IcebergSinkError(InputError):
-    """The sink cannot write the table it was pointed at; retrying cannot help."""
+    """The sink cannot write the table it was pointed at; retrying cannot help. ``problem``
+    (an IcebergProblem) says what, ``message`` names the table and the fix."""
 
     fatal = True
 

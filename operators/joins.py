@@ -27,8 +27,15 @@ from .windows import LateRecord
 
 LEFT, RIGHT = 0, 1
 
+#: Nothing here for users to import: ``Stream.interval_join`` makes the operator.
+__all__: list[str] = []
+
 
 class IntervalJoin(KeyedTimedProcess):
+    """The join of the module docstring: ``fn(left, right)`` for pairs within ``lower`` and
+    ``upper`` of each other; ``key_fns`` and ``timestamps`` are each side's functions (left,
+    right), ``on_error`` applies to all of them."""
+
     def __init__(self, lower: Any, upper: Any, fn: Callable[[Any, Any], Any],
                  key_fns: tuple[Callable[[Any], Any], Callable[[Any], Any]],
                  timestamps: tuple[Callable[[Any], Any], Callable[[Any], Any]], on_error: str = "fail"):

@@ -30,6 +30,9 @@ from .state_layout import Part
 
 KeyFn = Callable[[Any], Any] | None
 
+#: The keyed operators users may build themselves (apply_key_fn is the engine's).
+__all__ = ["Count", "CountFinal", "Reduce", "ReduceFinal"]
+
 
 def apply_key_fn(op: Operator, key_fn: Callable[[Any], Any], batch: list[Any]) -> tuple[list[Any], list[Any]]:
     """``(keys, records)`` of ``batch`` under ``key_fn``, in operator ``op``: a record the
@@ -106,7 +109,8 @@ class _Keyed(Operator):
 
 
 class Count(_Keyed):
-    """Running count per key: emits (key, count so far) for every record."""
+    """Running count per key: emits (key, count so far) for every record. ``key_fn`` gives a
+    record's key (None: the record is its key); ``KeyedStream.count`` passes key_by's."""
 
     TRACKS_VALUES = True
 
@@ -124,7 +128,8 @@ class Count(_Keyed):
 
 
 class CountFinal(_Keyed):
-    """Count per key for bounded input: emits (key, count) per key at end of input."""
+    """Count per key for bounded input: emits (key, count) per key at end of input;
+    ``key_fn`` as in Count."""
 
     def __init__(self, key_fn: KeyFn = None):
         super().__init__(key_fn)
@@ -144,11 +149,14 @@ class CountFinal(_Keyed):
 
 
 class Reduce(_Keyed):
-    """Running reduce per key: acc = fn(acc, record); emits (key, acc) for every record.
+    """Running reduce per key: acc = fn(acc, record); emits (key, acc) for every record;
+    ``key_fn`` as in Count.
 
     If ``fn`` raises, the state of that key is unchanged (provided ``fn`` does not mutate the
-    accumulator in place before raising): ``record_failed`` applies (on_error="fail", the
-    default, fails the task naming the function and the record; "skip" drops and reports it)."""
+    accumulator in place before raising): ``record_failed`` applies (``on_error="fail"``, the
+    default, fails the task naming the function and the record; "skip" drops and reports it).
+    ``fn`` should return a new value: a key's first accumulator is its first record, and
+    each emitted pair holds the accumulator itself."""
 
     ROLE = "reduce"  #: how a failure names ``fn``
 
@@ -182,7 +190,8 @@ class Reduce(_Keyed):
 
 
 class ReduceFinal(Reduce):
-    """Reduce per key for bounded input: emits (key, acc) per key at end of input."""
+    """Reduce per key for bounded input: emits (key, acc) per key at end of input; ``fn``,
+    ``key_fn`` and ``on_error`` as in Reduce."""
 
     TRACKS_VALUES = False  #: emits nothing per record: tracks the keys it touches
 

@@ -45,7 +45,8 @@ _ABSENT = object()
 
 
 class KeyState:
-    """The state of the key being processed (a view: valid only during ``process_key``)."""
+    """The state of the key being processed (a view: valid only during ``process_key``);
+    the operator makes it over ``states``, its map key -> value."""
 
     __slots__ = ("_states", "key")
 
@@ -82,8 +83,8 @@ class KeyState:
 
 class KeyedProcess(_Keyed):
     """A keyed operator of yours: implement ``process_key`` (see the module docstring).
-    ``apply_keyed`` gives it the stream's key function; an ``__init__`` of yours need not
-    call ``super().__init__()``."""
+    ``apply_keyed`` gives it the stream's key function unless ``key_fn`` (a function of the
+    record) is given; an ``__init__`` of yours need not call ``super().__init__()``."""
 
     key_fn: KeyFn = None
     changed: dict[Any, Any] | set[Any] | None = None

@@ -35,14 +35,16 @@ COMPRESSIONS = ("snappy", "zstd", "gzip", "brotli", "lz4", "none")
 
 
 class ParquetSink(Sink):
-    """Records are tuples (or single values with one column) written under ``columns``.
+    """Records are tuples (or single values with one column) written under ``columns`` into
+    the directory ``path`` (local, or a URI: ``s3://``, ``hdfs://``...).
 
-    ``compression``: one of COMPRESSIONS (``"none"``: uncompressed). ``row_group_size``: rows
-    per row group (None: pyarrow's default). ``max_file_rows``: an epoch with more rows is
-    split into files of at most that many. ``min_file_rows``: compaction before publishing
-    (see the module docstring): output becomes visible once that many rows have gathered,
-    or at the job's end. ``partition_by``: columns whose values name Hive-style directories
-    (``country=DE/``), left out of the files as Spark and pyarrow expect.
+    ``compression``: one of COMPRESSIONS (``"none"``: uncompressed; default snappy).
+    ``row_group_size``: rows per row group (None: pyarrow's default). ``max_file_rows``: an
+    epoch with more rows is split into files of at most that many. ``min_file_rows``:
+    compaction before publishing (see the module docstring): output becomes visible once
+    that many rows have gathered, or at the job's end. ``partition_by``: columns whose
+    values name Hive-style directories (``country=DE/``), left out of the files as Spark and
+    pyarrow expect. A bad value is a ValueError.
     """
 
     def __init__(self, path: str | os.PathLike[str], columns: Sequence[str], compression: str = "snappy",

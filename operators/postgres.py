@@ -69,7 +69,8 @@ class PostgresSink(Sink):
     ``progress_table``: where the commits are recorded (created if missing). A job is known
     there by its dataflow's name: two jobs of one name must not write one table at once. A
     job that starts afresh (not from a checkpoint) appends again; empty the table first if
-    that is not what you want.
+    that is not what you want. ``connect_timeout``: seconds to wait for a connection.
+    A bad argument is a ValueError; check() raises PostgresSinkError before the job starts.
     """
 
     preload = ("psycopg",)

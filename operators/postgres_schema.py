@@ -19,6 +19,8 @@ from abs_engine.errors import InputError
 
 
 class PostgresProblem(enum.Enum):
+    """What a PostgresSinkError or PostgresSourceError is about (its ``problem``)."""
+
     UNREACHABLE = "unreachable"
     AUTHENTICATION = "authentication"
     MISSING_TABLE = "missing table"
@@ -50,11 +52,13 @@ class PostgresError(InputError):
 
 
 class PostgresSinkError(PostgresError):
-    """The sink cannot write where it was pointed."""
+    """The sink cannot write where it was pointed: ``problem`` (a PostgresProblem) says
+    what, ``message`` names the server or table and the fix."""
 
 
 class PostgresSourceError(PostgresError):
-    """The change data capture source cannot read what it was pointed at."""
+    """The change data capture source cannot read what it was pointed at: ``problem`` (a
+    PostgresProblem) says what, ``message`` names the server, table or slot and the fix."""
 
 
 def describe(dsn: str) -> str:

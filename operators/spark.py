@@ -1,23 +1,19 @@
 """Spark DataFrames as replayable sources.
 
-``SparkSource(df)`` assigns the DataFrame's partitions to the source subtasks (partition p
-to subtask p % parallelism). A subtask's offset is (index of its current partition, rows
-consumed in it); it goes into the checkpoint, and after a failure the subtask asks the
-driver for that partition from that row: partitions before it are not read again. Rows
-travel as Arrow record batches (see abs_engine.spark_server) over connections that first
-prove they know the partition server's secret, which the source carries to its subtasks;
-in a job with ``tls`` on they are mutual TLS first, under the server's own TLS material,
-which the source carries the same way (inside the shipped code, over the job's
-authenticated, then encrypted, control connection).
+``SparkSource(df)`` deals the DataFrame's partitions to the source subtasks (partition p to
+subtask p % parallelism). A subtask's offset, in every checkpoint, is (its current partition,
+rows consumed in it): after a failure it asks the driver for that partition from that row
+(earlier ones are not read again). Rows travel as Arrow record batches (abs_engine.spark_server)
+over connections that prove they know the partition server's secret (with ``tls`` on, in mutual
+TLS under its own material), which the source carries over the job's authenticated control link.
 
-Determinism: a (partition, row) offset means something only if the DataFrame yields the
-same rows in the same partitions in the same order every time it is computed. File-backed
-DataFrames (text, CSV, Parquet) without shuffles do, given the same files and the same
-partition sizing; the embedded session pins the sizing settings. A DataFrame with a shuffle,
-``orderBy`` without a total order, ``sample`` or non-deterministic columns is not
-replayable: sort it by a unique key, or write it to files first. The source records a
-fingerprint (partition count, input files with sizes and modification times, schema) in
-every offset and refuses to restore into a DataFrame whose fingerprint differs.
+Determinism: a (partition, row) offset means something only if the DataFrame yields the same
+rows in the same partitions in the same order every time it is computed. File-backed DataFrames
+(text, CSV, Parquet) without shuffles do, given the same files and partition sizing (the
+embedded session pins it). A DataFrame with a shuffle, ``orderBy`` without a total order,
+``sample`` or non-deterministic columns is not replayable: sort it by a unique key, or write it
+to files first. Every offset carries a fingerprint (partition count, input files with sizes and
+modification times, schema): a restore into a DataFrame whose fingerprint differs is refused.
 """
 
 from __future__ import annotations
@@ -50,7 +46,7 @@ class SparkReadError(InputError):
 
 
 def dataframe_fingerprint(df: Any) -> tuple[str, int]:
-    """(fingerprint, partition count) of a DataFrame, from its plan's inputs, not its data."""
+    """(fingerprint, partition count) of DataFrame ``df``, from its plan's inputs, not its data."""
     n = df.rdd.getNumPartitions()
     files = []
     for f in sorted(df.inputFiles()):
@@ -66,10 +62,14 @@ def dataframe_fingerprint(df: Any) -> tuple[str, int]:
 
 
 class SparkSource(Source[Any]):
-    """Rows of a Spark DataFrame. With ``column`` (or a one-column DataFrame) each record is
-    that column's value; otherwise a tuple of all columns. With ``batches=True`` the records
-    are the ``pyarrow.RecordBatch``es Spark sends (of ``column``, or of all columns), handed
-    on whole, with no Python object per row (operators/arrow.py)."""
+    """Rows of the Spark DataFrame ``df``: a record is the value of ``column`` (or of a one-column
+    DataFrame), else a tuple of all columns; with ``batches=True``, a ``pyarrow.RecordBatch`` Spark
+    sends (of those columns), whole, with no Python object per row (operators/arrow.py).
+
+    Before the job starts (InputError): ``column`` must exist; ``expect=str`` (what ``text``
+    passes; the only type checked) needs a string column; an empty DataFrame needs
+    ``allow_empty=True``. ``owns_session=True``: stop the process's embedded SparkSession when
+    the job ends (what the readers below pass when given no ``spark``; not for a session you keep)."""
 
     #: Its partitions are read by Spark jobs while the dataflow runs: on the Spark executor
     #: that slot must stay free beside the workers' barrier stage.
@@ -95,16 +95,14 @@ class SparkSource(Source[Any]):
 
     @classmethod
     def _read(cls, what: str, path: str, spark: Any, reader: Any, **kw: Any) -> "SparkSource":
-        from abs_engine.spark_session import embedded_session
+        from abs_engine import spark_session
 
         if not os.path.exists(path):
             raise InputError(f"{what} input {path!r} does not exist: pass an existing file or directory")
-        from abs_engine import spark_session
-
         if spark is None and spark_session.planning_only:
             return cls(None, **kw)  # `abs-engine plan`: no JVM started to print a plan
         owns = spark is None
-        spark = spark or embedded_session()
+        spark = spark or spark_session.embedded_session()
         try:
             df = reader(spark.read, path)
         except Exception as e:  # noqa: BLE001 - AnalysisException, SparkException, Py4JJavaError
@@ -114,17 +112,23 @@ class SparkSource(Source[Any]):
 
     @classmethod
     def text(cls, path: str | os.PathLike[str], spark: Any = None, **kw: Any) -> "SparkSource":
-        """Lines of text files (a file or a directory of files)."""
+        """Lines of the text files at ``path`` (a file or a directory) as str records, read with
+        ``spark`` (None: the embedded session, stopped when the job ends); other keywords go to
+        the constructor. InputError if ``path`` is missing or Spark cannot read it."""
         return cls._read("text", os.fspath(path), spark, lambda r, p: r.text(p), column="value", expect=str, **kw)
 
     @classmethod
     def csv(cls, path: str | os.PathLike[str], spark: Any = None, column: str | None = None,
             header: bool = True, **kw: Any) -> "SparkSource":
+        """Rows of the CSV files at ``path``, every value a string; with ``header`` (default) the
+        first line names the columns (else ``_c0``, ``_c1``...). ``spark`` as in ``text``, ``column``
+        as in the constructor."""
         return cls._read("CSV", os.fspath(path), spark, lambda r, p: r.csv(p, header=header), column=column, **kw)
 
     @classmethod
     def parquet(cls, path: str | os.PathLike[str], spark: Any = None, column: str | None = None,
                 **kw: Any) -> "SparkSource":
+        """Rows of the Parquet files at ``path``, typed; ``spark`` and ``column`` as in ``csv``."""
         return cls._read("Parquet", os.fspath(path), spark, lambda r, p: r.parquet(p), column=column, **kw)
 
     # ---- driver side -----------------------------------------------------------------
@@ -310,8 +314,7 @@ class SparkSource(Source[Any]):
         if "todo" not in state:  # written before "todo" existed: this subtask's partitions as dealt at open()
             self.next, self.rows = int(state["next"]), int(state["rows"])
             return
-        # The partitions left (after a rescale: those this subtask was dealt), each from the
-        # row it had reached: never the round robin of open(), which a rescale changed.
+        # The partitions left (a rescale's: those dealt here), each from the row it had reached.
         todo = [(int(p), int(r)) for p, r in state["todo"]]
         self.mine, self.next = [p for p, _ in todo], 0
         self.first_rows = {p: r for p, r in todo if r}

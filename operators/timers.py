@@ -47,8 +47,11 @@ from .eventtime import MIN_WATERMARK
 from .state_layout import Part
 from .keyed_process import _ABSENT, KeyState, process_key_label, put_back
 
-EVENT, PROCESSING = 0, 1  #: timer domains
+EVENT, PROCESSING = 0, 1  #: timer domains: the ``domain`` of ``on_timer`` says which one fired
 DOMAINS = {EVENT: "event time", PROCESSING: "processing time"}
+
+#: What users of timers import (TimerService and TimedOperator are the engine's).
+__all__ = ["EVENT", "PROCESSING", "KeyedTimedProcess", "TimerContext"]
 
 
 def _key_bytes(key: Any) -> bytes:
@@ -133,7 +136,8 @@ _GONE = object()
 
 class TimerContext:
     """What ``process_key`` and ``on_timer`` see besides the key's state (valid during the
-    call only)."""
+    call only): ``key``, ``timestamp`` and the timers of that key. The operator makes it
+    (``op``: the operator whose timers these are)."""
 
     __slots__ = ("_op", "key", "timestamp")
 
@@ -149,18 +153,23 @@ class TimerContext:
 
     @property
     def is_late(self) -> bool:
+        """The record's timestamp is at or below the watermark (False without a timestamp)."""
         return self.timestamp is not None and self.timestamp <= self._op.watermark
 
     def register_event_time(self, timestamp: float) -> None:
+        """A timer of this key that fires when the watermark reaches ``timestamp``."""
         self._op.timers.register(EVENT, self.key, timestamp)
 
     def register_processing_time(self, timestamp: float) -> None:
+        """A timer of this key that fires when ``time.time()`` reaches ``timestamp`` (seconds)."""
         self._op.timers.register(PROCESSING, self.key, timestamp)
 
     def delete_event_time(self, timestamp: float) -> None:
+        """Delete this key's event-time timer at ``timestamp`` (none there: nothing happens)."""
         self._op.timers.delete(EVENT, self.key, timestamp)
 
     def delete_processing_time(self, timestamp: float) -> None:
+        """Delete this key's processing-time timer at ``timestamp`` (none there: nothing happens)."""
         self._op.timers.delete(PROCESSING, self.key, timestamp)
 
 
@@ -268,11 +277,14 @@ class KeyedTimedProcess(TimedOperator):
         self.tracks_keys = type(self).process is KeyedTimedProcess.process
 
     def process_key(self, key: Any, record: Any, state: KeyState, ctx: TimerContext) -> Iterable[Any] | None:
+        """One ``record`` of ``key``, with the key's ``state`` and ``ctx`` (its timestamp,
+        timers): return the records to emit (None for none). Implement it."""
         raise NotImplementedError("implement process_key(key, record, state, ctx) in your KeyedTimedProcess")
 
     def on_timer(self, key: Any, timestamp: float, domain: int, state: KeyState,
                  ctx: TimerContext) -> Iterable[Any] | None:
-        """A timer of ``key`` fired (``domain``: EVENT or PROCESSING). Default: nothing."""
+        """A timer of ``key`` at ``timestamp`` fired (``domain``: EVENT or PROCESSING), with
+        the key's ``state`` and ``ctx``: return the records to emit. Default: nothing."""
         return None
 
     def function(self, role: str, record: Any) -> str:

@@ -10,6 +10,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class TumblingWindows:
+    """Windows of ``size`` one after another: a record with timestamp ``ts`` is in the one
+    ``[start, start + size)`` with ``start`` a multiple of ``size`` plus ``offset``. Both
+    are ints in timestamp units (``size`` >= 1); ValueError otherwise."""
+
     size: int
     offset: int = 0
 
@@ -24,6 +28,11 @@ class TumblingWindows:
 
 @dataclass(frozen=True)
 class SlidingWindows:
+    """Windows of ``size`` that start every ``slide`` (a multiple of it plus ``offset``):
+    a record is in every one that holds its timestamp (``size / slide`` of them when the
+    slide divides the size). Ints in timestamp units, ``1 <= slide <= size``; ValueError
+    otherwise."""
+
     size: int
     slide: int
     offset: int = 0
@@ -48,6 +57,11 @@ class SlidingWindows:
 
 @dataclass(frozen=True)
 class SessionWindows:
+    """Sessions per key: a record with timestamp ``ts`` opens ``[ts, ts + gap)`` and merges
+    with every session of its key that window touches, so a session ends after ``gap``
+    without records. ``gap`` is an int >= 1 in timestamp units; ValueError otherwise.
+    ``WindowedStream.aggregate`` over sessions needs a ``merge``."""
+
     gap: int
 
     def __post_init__(self) -> None:

@@ -49,15 +49,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .window_assigners import SessionWindows, SlidingWindows, TumblingWindows, Windows, check_windows
+from .window_assigners import SessionWindows, SlidingWindows, TumblingWindows, Windows
 from .window_base import _CREATED, AGGREGATE, PROCESS, REDUCE, LateRecord
 from .window_panes import PaneWindows
 from .window_sessions import SessionMerging
 
-#: The window operator and what its users give it or get from it (the assigners, the kinds,
-#: LateRecord): they import them from here, wherever they are defined.
+#: What the window operator's users give it or get from it (the assigners, the kinds,
+#: LateRecord): they import them from here, wherever they are defined. WindowOperator,
+#: defined here, is the engine's (``KeyedStream.window`` makes it): not in the reference.
 __all__ = ["AGGREGATE", "PROCESS", "REDUCE", "LateRecord", "SessionWindows", "SlidingWindows", "TumblingWindows",
-           "WindowOperator", "Windows", "check_windows"]
+           "Windows"]
 
 
 class WindowOperator(SessionMerging, PaneWindows):

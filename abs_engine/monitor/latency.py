@@ -25,12 +25,13 @@ __all__ = ["KEEP", "RECENT_S", "LatencyStats", "LatencySummary"]
 class LatencySummary:
     """Source-to-sink latency in milliseconds (the age of latency markers at the sinks)."""
 
-    p50_ms: float
-    p99_ms: float
-    max_ms: float
+    p50_ms: float  #: the median age (nearest rank, over the sample kept)
+    p99_ms: float  #: the 99th percentile age (nearest rank, over the sample kept)
+    max_ms: float  #: the oldest age (exact)
     samples: int  #: markers measured
 
     def to_dict(self) -> dict[str, float | int]:
+        """The four fields as a JSON-ready dict, milliseconds rounded to the microsecond."""
         return {"p50_ms": round(self.p50_ms, 3), "p99_ms": round(self.p99_ms, 3), "max_ms": round(self.max_ms, 3),
                 "samples": self.samples}
 
@@ -62,7 +63,7 @@ class LatencyStats:
         self._random = random.Random(0)
 
     def add(self, age_ms: float, now: float) -> None:
-        """An age in milliseconds, reported at ``now`` (seconds, any clock that ``recent``
+        """An age, ``age_ms`` milliseconds, reported at ``now`` (seconds, any clock that ``recent``
         is read with). Not a finite number >= 0: ignored (a worker's word, not ours)."""
         if not isinstance(age_ms, (int, float)) or isinstance(age_ms, bool) or not 0 <= age_ms < math.inf:
             return

@@ -129,9 +129,9 @@ class CheckpointHistory:
     newest of each list are kept, subtask details for the KEEP_SUBTASK_DETAILS newest;
     ``counts`` counts them all. Invariant: a checkpoint is added once, when it ends."""
 
-    completed: list[CheckpointStat] = field(default_factory=list)
+    completed: list[CheckpointStat] = field(default_factory=list)  #: completed ones, oldest first
     failed: list[CheckpointStat] = field(default_factory=list)  #: failed and aborted ones
-    counts: dict[CheckpointStatus, int] = field(default_factory=dict)
+    counts: dict[CheckpointStatus, int] = field(default_factory=dict)  #: every one that ended, by status
 
     def add(self, stat: CheckpointStat) -> None:
         self.counts[stat.status] = self.counts.get(stat.status, 0) + 1
