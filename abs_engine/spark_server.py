@@ -72,6 +72,12 @@ class PartitionServer:
         self.tls_address = self.tls_sock.getsockname()[:2]
         self._lock = threading.Lock()
         self._closed = False
+        #: Partition reads in flight (each a Spark job, then its stream): the embedded session
+        #: is stopped only once there are none (``wait_idle``), or its block manager goes
+        #: from under a running task ("Block taskresult_N does not exist", a rejected
+        #: status update), which Spark logs as errors.
+        self._active = 0
+        self._idle = threading.Condition(self._lock)
         threading.Thread(target=self._accept, args=(self.sock, None), name="spark-partition-server",
                          daemon=True).start()
         threading.Thread(target=self._accept, args=(self.tls_sock, self.material),
@@ -87,6 +93,11 @@ class PartitionServer:
 
     def stats(self, source_id: str) -> Registered:
         return self.sources[source_id]
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no partition read is in flight; False if some still were after ``timeout``."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._active == 0, timeout)
 
     def close(self) -> None:
         self._closed = True
@@ -128,6 +139,8 @@ class PartitionServer:
                 _refuse(conn, f"source {source_id} is not served here or its DataFrame changed "
                               f"(fingerprint {fingerprint}); restart the job from its driver")
                 return
+            with self._lock:
+                self._active += 1
             try:
                 sent = self._stream(conn, reg, partition, start_row)
             except OSError:
@@ -136,6 +149,10 @@ class PartitionServer:
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 _refuse(conn, f"Spark failed reading partition {partition}: {msg}")
                 return
+            finally:
+                with self._lock:
+                    self._active -= 1
+                    self._idle.notify_all()
             conn.sendall(codec.frame(END, codec.pack(sent)))
         except Exception:  # noqa: BLE001 - nothing a peer does may escape its thread
             pass

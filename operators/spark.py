@@ -24,23 +24,17 @@ import uuid
 from typing import Any
 
 from abs_engine import codec
-from abs_engine.auth import HANDSHAKE_TIMEOUT, client_handshake
-from abs_engine.errors import AbsEngineError, InputError, ProtocolError, ProtocolErrorReason
+from abs_engine.errors import AbsEngineError, InputError
 from abs_engine.tls import Material
-from abs_engine.wire import Wire
 
 from .base import OperatorContext, Source
+from .spark_partitions import PartitionStream as _PartitionStream
+from .spark_partitions import SparkReadError as SparkReadError
 from .progress import SourceProgress
 
 
 class SourceChangedError(AbsEngineError):
     """A restored offset does not match the DataFrame any more (retrying cannot help)."""
-
-    fatal = True
-
-
-class SparkReadError(InputError):
-    """Spark failed to read a partition (a corrupt file, say): retrying cannot help."""
 
     fatal = True
 
@@ -59,6 +53,18 @@ def dataframe_fingerprint(df: Any) -> tuple[str, int]:
             files.append([f, -1, -1])
     doc = [n, files, df.schema.json()]
     return hashlib.sha256(codec.pack(doc)).hexdigest()[:16], n
+
+
+def _read_with(spark: Any, what: str, path: str, reader: Any) -> Any:
+    try:
+        return reader(spark.read, path)
+    except Exception as e:  # noqa: BLE001 - AnalysisException, SparkException, Py4JJavaError
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"Spark cannot read {what} input {path!r}: {first}") from e
+
+
+#: Seconds the end of a job waits for partition reads in flight before it stops its session.
+STOP_WAIT = 30.0
 
 
 class SparkSource(Source[Any]):
@@ -90,6 +96,10 @@ class SparkSource(Source[Any]):
         self.tls: Material | None = None  #: the partition server's TLS material, likewise
         self.fingerprint = ""
         self.num_partitions = 0
+        #: How ``text``/``csv``/``parquet`` read ``df`` with the embedded session: (what, path,
+        #: reader); None for a DataFrame given. A driver in another process (a supervised one,
+        #: which is never handed the DataFrame) reads it again from this.
+        self._recipe: tuple[str, str, Any] | None = None
 
     # ---- helpers ---------------------------------------------------------------------
 
@@ -99,16 +109,27 @@ class SparkSource(Source[Any]):
 
         if not os.path.exists(path):
             raise InputError(f"{what} input {path!r} does not exist: pass an existing file or directory")
-        if spark is None and spark_session.planning_only:
-            return cls(None, **kw)  # `abs-engine plan`: no JVM started to print a plan
-        owns = spark is None
-        spark = spark or spark_session.embedded_session()
-        try:
-            df = reader(spark.read, path)
-        except Exception as e:  # noqa: BLE001 - AnalysisException, SparkException, Py4JJavaError
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise InputError(f"Spark cannot read {what} input {path!r}: {first}") from e
-        return cls(df, owns_session=owns, **kw)
+        src = cls(None, owns_session=spark is None, **kw)
+        if spark is None:  # the embedded session's: a driver in another process reads it again
+            src._recipe = (what, path, reader)
+            if spark_session.planning_only:
+                return src  # `abs-engine plan`: no JVM started to print a plan
+        src._df = _read_with(spark or spark_session.embedded_session(), what, path, reader)
+        return src
+
+    def _load(self) -> Any:
+        """In a driver that was not handed the DataFrame (a supervised one): read it again as
+        ``text``/``csv``/``parquet`` were asked, with the embedded session."""
+        from abs_engine import spark_session
+
+        if self._recipe is None:
+            raise InputError(
+                "this SparkSource's DataFrame stayed in the process that made it: a supervised driver "
+                "(supervise=True) runs in a process of its own and cannot be handed a DataFrame or a session. "
+                "Read the input with SparkSource.text/csv/parquet and no spark= (the driver reads it again with "
+                "its own embedded session), or run without supervise")
+        what, path, reader = self._recipe
+        return _read_with(spark_session.embedded_session(), what, path, reader)
 
     @classmethod
     def text(cls, path: str | os.PathLike[str], spark: Any = None, **kw: Any) -> "SparkSource":
@@ -136,8 +157,12 @@ class SparkSource(Source[Any]):
     def check(self) -> None:
         from pyspark.sql.types import StringType
 
+        from abs_engine import spark_session
+
         if self._df is None:
-            return
+            if spark_session.planning_only:
+                return
+            self._df = self._load()  # in a supervised driver: read again, or say why it cannot be
         cols = self._df.columns
         if self.column is not None and self.column not in cols:
             raise InputError(f"column {self.column!r} is not in the DataFrame (columns: {cols})")
@@ -158,6 +183,8 @@ class SparkSource(Source[Any]):
 
         from abs_engine.spark_server import partition_server
 
+        if self._df is None:
+            self._df = self._load()
         df = self._df
         if df.sparkSession.sparkContext._jsc.sc().isStopped():
             raise InputError("the source's DataFrame was made on a SparkSession that has been stopped since (a "
@@ -206,6 +233,11 @@ class SparkSource(Source[Any]):
         if self._owns_session:
             from abs_engine.spark_session import stop_embedded
 
+            # Reads still in flight (a prefetch, a subtask gone at a cancel or failure) end
+            # first: each is one partition's job. Past the bound, they are cancelled.
+            if not server.wait_idle(STOP_WAIT) and self._df is not None:
+                self._df.sparkSession.sparkContext.cancelAllJobs()
+                server.wait_idle(STOP_WAIT)
             stop_embedded()
 
     def delivered_rows(self) -> int:
@@ -327,74 +359,3 @@ class SparkSource(Source[Any]):
 
     def close(self) -> None:
         self._close()
-
-
-class _PartitionStream:
-    """One request to the driver's partition server: (partition, first row) -> batches.
-
-    The connection authenticates first (abs_engine.auth; with ``material``, inside mutual
-    TLS); replies are read with the data frame bound. Any breach of the protocol, either
-    way, is a SparkReadError."""
-
-    def __init__(self, address: tuple[str, int], secret: bytes, request: list[Any],
-                 material: Material | None = None):
-        try:
-            self.conn = Wire.connect(address, material, HANDSHAKE_TIMEOUT)
-        except ProtocolError as e:
-            raise _protocol_error(e, handshake=True) from e
-        try:
-            client_handshake(self.conn, secret)
-            self.conn.sock.settimeout(None)
-            self.conn.sendall(codec.frame(codec.FrameKind.CONTROL, codec.pack(request)))
-        except ProtocolError as e:
-            self.conn.close()
-            raise _protocol_error(e, handshake=True) from e
-        except BaseException:
-            self.conn.close()
-            raise
-        self.reader = codec.FrameReader(max_frame=codec.MAX_FRAME)
-        self.schema: Any = None
-
-    def _recv(self) -> tuple[int, bytes]:
-        try:
-            while (f := self.reader.next_frame()) is None:
-                data = self.conn.recv(1 << 20)
-                if data is None:
-                    continue  # part of a TLS record
-                if not data:
-                    raise SparkReadError("the driver's Spark partition server closed the connection")
-                self.reader.feed(data)
-        except ProtocolError as e:
-            raise _protocol_error(e) from e
-        return f
-
-    def next_batch(self) -> Any:
-        """The next Arrow record batch, or None at the end of the partition."""
-        import pyarrow as pa
-
-        kind, payload = self._recv()
-        if kind == 10 and self.schema is None:
-            self.schema = pa.ipc.read_schema(pa.py_buffer(payload))
-            kind, payload = self._recv()
-        if kind == 11:
-            return pa.ipc.read_record_batch(pa.py_buffer(payload), self.schema)
-        if kind == 12:
-            return None
-        raise SparkReadError(codec.unpack(payload) if kind == 13 else f"unexpected frame {kind} from the driver")
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-def _protocol_error(e: ProtocolError, handshake: bool = False) -> SparkReadError:
-    if e.reason is ProtocolErrorReason.AUTH_FAILED or (handshake and e.reason is ProtocolErrorReason.CLOSED):
-        # The server closes without a word when the response is wrong: that is a refusal too.
-        why = ("authentication failed: this worker does not hold the partition server's secret "
-               "(a worker of another job or attempt?), or the server is not the job's driver")
-    elif e.reason is ProtocolErrorReason.HANDSHAKE_TIMEOUT:
-        why = "the authentication handshake did not finish in time"
-    elif e.reason is ProtocolErrorReason.FRAME_TOO_LARGE:
-        why = f"the server sent an oversized frame ({e})"
-    else:
-        why = str(e)
-    return SparkReadError(f"cannot read from the driver's Spark partition server: {why}")

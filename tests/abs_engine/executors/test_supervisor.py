@@ -17,7 +17,7 @@ import pytest
 
 from abs_engine import CheckpointError, Dataflow, JobFailed, JobInterrupted
 from abs_engine.checkpoint.remote import open_storage
-from abs_engine.errors import CheckpointErrorReason, ConfigError
+from abs_engine.errors import CheckpointErrorReason, ConfigError, InputError
 from abs_engine.executors import result_data, supervisor
 from abs_engine.testing import CapturingSink, GatedSource
 from operators.generators import RangeSource
@@ -218,3 +218,46 @@ def _all_drivers() -> list[int]:
         except (OSError, ValueError):
             continue
     return out
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_a_supervised_driver_reads_its_spark_source_again_and_a_driver_kill_loses_nothing(tmp_path, spark):
+    """The supervised driver is never handed the DataFrame (it runs in a process of its own):
+    SparkSource.text reads the files again with the driver's own session, after a SIGKILL
+    too (it used to fail: 'NoneType' object has no attribute 'sparkSession')."""
+    from operators.spark import SparkSource
+
+    path = tmp_path / "words.txt"
+    lines = [" ".join(f"w{(i * 7 + j) % 97}" for j in range(5)) for i in range(20_000)]
+    path.write_text("\n".join(lines) + "\n")
+    gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
+    sink = CapturingSink(tmp_path / "out")
+    flow = Dataflow("spark-supervised", parallelism=2)
+    (flow.source(GatedSource(SparkSource.text(path), gate, after=2_000), name="read")
+     .flat_map(str.split, name="split").key_by().count_final(name="count").sink(sink, name="out", parallelism=1))
+    t, box = run_in_thread(lambda: flow.run(supervise=True, checkpoint_dir=ck, checkpoint_interval=0.1,
+                                            restart_delay=0, driver_restarts=2))
+    try:
+        kill_drivers(ck, 1)
+        wait_for(lambda: len(drivers()) == 1, 60, "the second driver")
+    finally:
+        open(gate, "w").close()
+        t.join(240)
+    assert "error" not in box, box.get("error")
+    assert box["result"].driver_crashes == ["killed by signal 9"]
+    assert dict(sink.records()) == collections.Counter(w for line in lines for w in line.split())
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.timeout(120)
+def test_a_dataframe_of_ones_own_session_cannot_go_to_a_supervised_driver(tmp_path, spark):
+    from operators.spark import SparkSource
+
+    flow = Dataflow("own-df")
+    flow.source(SparkSource(spark.range(0, 10)), name="read").sink(CapturingSink(tmp_path / "out"), name="out")
+    with pytest.raises(InputError) as failed:  # (a typed error that names the fix, not a Python one)
+        flow.run(supervise=True, checkpoint_dir=str(tmp_path / "ck"))
+    assert "supervised driver" in str(failed.value) and "SparkSource.text/csv/parquet" in str(failed.value)
