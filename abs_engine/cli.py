@@ -257,14 +257,18 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from . import fs
     from .monitor.report import write_report
+    from .monitor.store import STATS_FILE, read_stats
+    from .pipelines import DIR_PREFIX
 
-    if (pipelines := pipeline_dirs(args.dir)) and not os.path.exists(os.path.join(args.dir, "_job_stats.json")):
-        raise CheckpointError(CheckpointErrorReason.NOT_FOUND,
-                              f"{args.dir} holds the statistics of each pipeline apart ({', '.join(pipelines)}): "
-                              f"report on one of them, e.g. abs-engine report {os.path.join(args.dir, pipelines[0])}")
+    if (pipelines := pipeline_dirs(args.dir)) and not os.path.exists(os.path.join(args.dir, STATS_FILE)):
+        # a job of several pipelines: one report, a tab per pipeline (as its dashboard had)
+        doc = {"version": 1, "pipelines": [{"name": d[len(DIR_PREFIX):], **read_stats(fs.join(args.dir, d))}
+                                           for d in sorted(pipelines)]}
+    else:
+        doc = read_stats(args.dir)
     out = args.output or (os.path.join(fs.local_path(args.dir), "report.html") if not fs.is_remote(args.dir)
                           else "report.html")
-    write_report(args.dir, out)
+    write_report(doc, out)
     print(out)
     return 0
 

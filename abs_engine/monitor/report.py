@@ -56,10 +56,11 @@ def render(doc: dict[str, Any]) -> str:
     return page
 
 
-def write_report(location: str, out: str) -> None:
-    """Write the report of the job whose checkpoint directory is ``location`` to ``out``
-    (CheckpointError if its statistics are missing or damaged)."""
-    html = render(read_stats(location))
+def write_report(source: str | dict[str, Any], out: str) -> None:
+    """Write the report of the job whose checkpoint directory is ``source`` to ``out``
+    (CheckpointError if its statistics are missing or damaged), or of a statistics document
+    (``read_stats``'), or of ``{"pipelines": [{"name": ..., **document}, ...]}``."""
+    html = render(read_stats(source) if isinstance(source, str) else source)
     # A fresh temporary name (O_EXCL): a link planted where the report goes is replaced by
     # the rename, never written through.
     fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=os.path.dirname(os.path.abspath(out)))

@@ -75,9 +75,8 @@ class TaskMetrics:
     late: int = 0
     late_base: int = 0  #: the late records of earlier attempts
     skipped: int = 0
-    #: A source task's progress, as its last heartbeat said (messages.Heartbeat): units
-    #: left and in the whole input (-1: unbounded or not known), the unit ("": none said)
-    #: and its offset in words.
+    #: A source task's progress, as its last heartbeat said (messages.Heartbeat): units left
+    #: and in all (-1: unbounded or not known), the unit ("": none said), the offset in words.
     left: int = -1
     total: int = -1
     unit: str = ""

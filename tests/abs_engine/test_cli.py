@@ -175,11 +175,21 @@ def test_a_job_of_pipelines_lists_each_and_shows_or_reports_one(tmp_path, capsys
     mine = out.split("pipeline-read:")[1]
     assert [int(line.split()[0]) for line in mine.splitlines()[2:]] == [4]
     assert [int(line.split()[0]) for line in out.split("pipeline-read:")[0].splitlines()[2:] if line] == [7]
-    for argv in (["checkpoints", "show", str(d)], ["report", str(d)]):
-        assert main(argv) == 2
-        assert f"e.g. abs-engine {' '.join(argv[:-1])} {d / 'pipeline-other'}" in capsys.readouterr().err
+    assert main(["checkpoints", "show", str(d)]) == 2
+    assert f"e.g. abs-engine checkpoints show {d / 'pipeline-other'}" in capsys.readouterr().err
     assert main(["checkpoints", "show", str(d / "pipeline-read")]) == 0
     assert "checkpoint 4 of job 'wc'" in capsys.readouterr().out
+    # One report of the job, a tab per pipeline: each pipeline's stored statistics inlined.
+    assert main(["report", str(d)]) == 2  # no statistics stored yet: said, not a broken page
+    assert "no job statistics in" in capsys.readouterr().err
+    for name, restarts in (("read", 0), ("other", 2)):
+        (d / f"pipeline-{name}" / "_job_stats.json").write_text(json.dumps(
+            {"version": 1, "job": {"name": "wc", "state": "FINISHED", "restarts": restarts}, "checkpoints": {},
+             "details": {}}))
+    out = tmp_path / "report.html"
+    assert main(["report", str(d), "--output", str(out)]) == 0
+    data = json.loads(out.read_text().split("window.ABS_REPORT = ", 1)[1].split(";</script>", 1)[0])
+    assert [(p["name"], p["job"]["restarts"]) for p in data["pipelines"]] == [("other", 2), ("read", 0)]
 
 
 def test_list_marks_invalid_checkpoints(ckdir, capsys):

@@ -5,8 +5,9 @@
  *   api/checkpoints/<id> for the selected checkpoint) and redraws; a job of several
  *   pipelines has a tab per pipeline, and every document is the selected pipeline's
  *   (?pipeline=<name>; the address's #pipeline=<name> keeps the choice);
- * - report: window.ABS_REPORT = {job, checkpoints, details} was set before this script
- *   (abs-engine report); the page is drawn once from it, nothing is fetched.
+ * - report: window.ABS_REPORT = {job, checkpoints, details} (or, for a job of several
+ *   pipelines, {pipelines: [{name, job, checkpoints, details}, ...]}, a tab each) was set
+ *   before this script (abs-engine report); the page is drawn from it, nothing is fetched.
  *
  * Every string from the server reaches the page through textContent or an attribute set
  * with setAttribute, never through innerHTML. Rendering never throws: each section is
@@ -65,6 +66,10 @@
     if (Math.abs(x) >= 100 || Number.isInteger(x)) { return intFmt.format(x); }
     return oneFmt.format(x);
   }
+
+  var compactFmt = new Intl.NumberFormat("en-US", { notation: "compact", maximumSignificantDigits: 3 });
+  // 4,921 stays exact; 4,921,300 becomes 4.92M (a narrow cell; the exact count is in the tooltip)
+  function fmtCompact(x) { return !isNum(x) ? DASH : (Math.abs(x) < 10000 ? intFmt.format(x) : compactFmt.format(x)); }
 
   function fmtRate(x) { return isNum(x) ? fmtNum(x) : DASH; }
 
@@ -945,13 +950,12 @@
     tasks.forEach(function (t) {
       var tr = h("tr");
       tr.appendChild(td(str(t.id), "mono"));
-      tr.appendChild(td(str(t.vertex)));
-      tr.appendChild(td(fmtInt(t.subtask), "num"));
+      tr.appendChild(td(str(t.vertex)));  // (the subtask is the id's #N)
       tr.appendChild(td(str(t.status), "task-status " + statusClass(t.status)));
       tr.appendChild(td(t.pid === null || t.pid === undefined ? DASH : String(t.pid), "num"));
       tr.appendChild(td(fmtInt(t.records_in), "num"));
       tr.appendChild(td(fmtInt(t.records_out), "num"));
-      tr.appendChild(td(fmtRate(t.records_in_per_second), "num"));
+      tr.appendChild(td(fmtRate(t.records_in_per_second), "num task-in-rate"));
       tr.appendChild(td(fmtRate(t.records_out_per_second), "num"));
       var bp = td(fmtPct(t.backpressure), "num bp-cell " + bpClass(t.backpressure));
       tr.appendChild(bp);
@@ -965,8 +969,9 @@
       tr.appendChild(td(isNum(t.rss_bytes) ? fmtBytes(t.rss_bytes) : DASH, "num task-rss"));
       // A source's progress (operators/progress.py): what is left; its offset in the tooltip.
       var p = t.progress && typeof t.progress === "object" ? t.progress : null;
-      tr.appendChild(td(p ? (isNum(p.left) ? fmtInt(p.left) + " " + str(p.unit) : "unbounded") : DASH,
-        "num task-left", p ? "at " + str(p.position) + (isNum(p.total) ? " of " + fmtInt(p.total) + " " + str(p.unit) : "") : ""));
+      tr.appendChild(td(p ? (isNum(p.left) ? fmtCompact(p.left) + " " + str(p.unit) : "unbounded") : DASH,
+        "num task-left", p ? (isNum(p.left) ? fmtInt(p.left) + " " + str(p.unit) + " left, " : "") + "at " +
+          str(p.position) + (isNum(p.total) ? " (the whole input: " + fmtInt(p.total) + " " + str(p.unit) + ")" : "") : ""));
       frag.appendChild(tr);
     });
     clear(tbody);
@@ -1428,9 +1433,36 @@
     model.userSelected = false;
     model.job = null;
     model.cps = null;
+    if (REPORT) {
+      loadReport(name);
+      renderAll();
+      return;
+    }
     if (pollTimer !== null) { window.clearTimeout(pollTimer); pollTimer = null; }
     renderAll();
     poll();
+  }
+
+  // A report's document: the job's, or the named pipeline's (the first if none is named).
+  function loadReport(name) {
+    var parts = arr(REPORT.pipelines).filter(function (p) { return p && typeof p.name === "string"; });
+    var doc = REPORT;
+    if (parts.length) {
+      model.pipelines = parts.map(function (p) {
+        var j = obj(p.job), c = obj(obj(p.checkpoints).counts), latest = obj(obj(p.checkpoints).latest).completed;
+        return { name: p.name, state: j.state, attempt: j.attempt, restarts: j.restarts,
+          vertices: arr(j.vertices).map(function (v) { return obj(v).id; }),
+          checkpoints: { completed: c.completed, latest_completed: latest ? obj(latest).id : null } };
+      });
+      doc = parts.filter(function (p) { return p.name === name; })[0] || parts[0];
+      model.pipeline = doc.name;
+    }
+    model.job = obj(doc.job);
+    model.cps = obj(doc.checkpoints);
+    model.details = {};
+    var details = obj(doc.details);
+    Object.keys(details).forEach(function (k) { if (details[k] && typeof details[k] === "object") { model.details[k] = details[k]; } });
+    updateSelection();
   }
 
   function renderAll() {
@@ -1624,17 +1656,13 @@
     });
     document.body.classList.add(REPORT ? "mode-report" : "mode-live");
 
+    var m = /(?:^#|&)pipeline=([^&]*)/.exec(window.location.hash || "");
+    if (m) { try { model.pipeline = decodeURIComponent(m[1]); } catch (e) { model.pipeline = null; } }
     if (REPORT) {
-      model.job = obj(REPORT.job);
-      model.cps = obj(REPORT.checkpoints);
-      var details = obj(REPORT.details);
-      Object.keys(details).forEach(function (k) { if (details[k] && typeof details[k] === "object") { model.details[k] = details[k]; } });
-      updateSelection();
+      loadReport(model.pipeline);
       renderAll();
       return;
     }
-    var m = /(?:^#|&)pipeline=([^&]*)/.exec(window.location.hash || "");
-    if (m) { try { model.pipeline = decodeURIComponent(m[1]); } catch (e) { model.pipeline = null; } }
     renderAll();
     poll();
   }

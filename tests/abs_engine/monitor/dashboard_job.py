@@ -1,5 +1,6 @@
 """A paced event-time job for the browser test: runs until SIGTERM stops it with a savepoint.
-Its windows meet one late record (``LATE_AT``) and a map skips one (``SKIP_AT``).
+Its windows meet one late record (``LATE_AT``) and a map skips one (``SKIP_AT``). A second,
+slower pipeline ("ticks", independent of the first) gives the dashboard a tab per pipeline.
 
     python dashboard_job.py CHECKPOINT_DIR
 """
@@ -13,6 +14,12 @@ import time
 from abs_engine import Dataflow
 from abs_engine.testing import CapturingSink
 from operators import RangeSource, TumblingWindows, ascending
+
+
+def slow(i: int) -> int:
+    if i % 100 == 0:
+        time.sleep(0.01)  # the workload: about 10k records a second, beside the main pipeline
+    return i
 
 
 def paced(i: int) -> str:
@@ -51,6 +58,8 @@ def main(directory: str) -> None:
                .aggregate(lambda: 0, lambda a, w: a + 1, name="windows", parallelism=2))
     windows.sink(CapturingSink(os.path.join(directory, "windows")), "window_out")
     windows.late.sink(CapturingSink(os.path.join(directory, "late")), "late")
+    (flow.source(RangeSource(10_000_000, batch_size=100), "ticks").map(slow, "slow")
+     .sink(CapturingSink(os.path.join(directory, "ticks")), "ticks_out"))
     flow.run(checkpoint_dir=os.path.join(directory, "ckpt"), checkpoint_interval=0.3, dashboard=0,
              channel_buffer=65536)
 

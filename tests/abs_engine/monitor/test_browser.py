@@ -125,6 +125,22 @@ def test_dashboard_of_a_running_job_and_its_report(browser, tmp_path: Path) -> N
         assert sum(t["skipped_records"] for t in job["tasks"]) >= 1 and job["watermarks"]["job"] is not None
         assert page.locator("#chart-wm canvas").count() >= 1
         assert all(c != "\u2014" for c in page.locator("#task-table .task-cpu").all_text_contents())
+        # the sources' progress: the job's "input read" and each source task's records left
+        page.wait_for_function("() => document.querySelector('#input-read').textContent.startsWith('read ')",
+                               timeout=30_000)
+        lefts = "() => [...document.querySelectorAll('#task-table tbody tr')].filter(r => " \
+                "r.children[1].textContent === 'read').map(r => r.querySelector('.task-left').textContent)"
+        page.wait_for_function(f"() => ({lefts})().length === 2 && ({lefts})().every(c => c.endsWith(' records'))",
+                               timeout=30_000)
+        # a tab per pipeline: the other pipeline's view holds its own tasks, state and restarts
+        assert page.locator("#pipelines").is_visible()
+        assert page.locator(".pipeline-tab").all_text_contents()[0].startswith("read")
+        page.click(".pipeline-tab[data-pipeline='ticks']")
+        page.wait_for_function("() => [...document.querySelectorAll('#task-table tbody tr')]"
+                               ".map(r => r.children[1].textContent).join() === 'ticks'", timeout=30_000)
+        assert page.url.endswith("#pipeline=ticks") and number(page, "#restart-count") == 0
+        page.click(".pipeline-tab[data-pipeline='read']")
+        page.wait_for_function("() => document.querySelectorAll('#task-table tbody tr').length > 1", timeout=30_000)
         # the savepoint button: confirmed in a dialog, answered with the savepoint's location
         dialogs: list[str] = []
 
@@ -140,8 +156,13 @@ def test_dashboard_of_a_running_job_and_its_report(browser, tmp_path: Path) -> N
         assert len(dialogs) == 1 and "savepoint" in dialogs[0].lower()
         from abs_engine.checkpoint.remote import open_storage
 
-        saved = open_storage(where)
-        assert saved.verify(saved.completed_ids()[0])  # a whole savepoint, where the page says
+        # one savepoint set, a whole savepoint of each pipeline in it, where the page says
+        assert sorted(n for n in os.listdir(where) if n.startswith("pipeline-")) == ["pipeline-read",
+                                                                                     "pipeline-ticks"]
+        for name in ("read", "ticks"):
+            [one] = os.listdir(os.path.join(where, f"pipeline-{name}"))
+            saved = open_storage(os.path.join(where, f"pipeline-{name}", one))
+            assert saved.verify(saved.completed_ids()[0])
         # SIGKILL a worker that is not a source: the dashboard shows the restart and its recovery
         victim = next(t for t in api(url, "/api/job")["tasks"] if t["vertex"] == "count" and t["pid"])
         os.kill(victim["pid"], signal.SIGKILL)
@@ -156,6 +177,10 @@ def test_dashboard_of_a_running_job_and_its_report(browser, tmp_path: Path) -> N
                                timeout=60_000)
         # a checkpoint's subtask timeline (the page fetches the selected one's details)
         page.wait_for_function("() => document.querySelectorAll('#timeline .timeline-row').length > 0",
+                               timeout=30_000)
+        # rates again after the recovery (two heartbeats of the new attempt): the sources read on
+        page.wait_for_function("() => [...document.querySelectorAll('#task-table tbody tr')].filter(r => "
+                               "r.children[1].textContent === 'read').some(r => r.querySelector('.task-in-rate').textContent !== '0')",
                                timeout=30_000)
         if os.environ.get("ABS_ENGINE_SCREENSHOT"):
             page.screenshot(path=os.environ["ABS_ENGINE_SCREENSHOT"], full_page=True)
@@ -182,5 +207,9 @@ def test_dashboard_of_a_running_job_and_its_report(browser, tmp_path: Path) -> N
     assert "report" in page.text_content("#conn-status")
     assert number(page, "#restart-count") == 1 and page.locator("#recovery-table tbody tr").count() == 1
     assert page.text_content("#job-state") == "FINISHED"  # stopped with a savepoint: it ended cleanly
+    page.click(".pipeline-tab[data-pipeline='ticks']")  # the report keeps a tab per pipeline too
+    page.wait_for_function("() => [...document.querySelectorAll('#task-table tbody tr')]"
+                           ".map(r => r.children[1].textContent).join() === 'ticks'", timeout=30_000)
+    assert number(page, "#restart-count") == 0 and page.text_content("#job-state") == "FINISHED"
     assert [r for r in requests if not r.startswith("file:")] == []  # self-contained: fetches nothing
     assert errors == []
