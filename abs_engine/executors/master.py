@@ -187,6 +187,7 @@ class JobMaster:
         self.tracker.abort_pending(f"the job ended ({state.value.lower()})")
         self.tracker.set_source_records(self.sources.count())
         self.result.latency = self.tracker.latency_summary()
+        self.result.tasks = self.tracker.task_stats()
         if self.stats_writer is not None:
             self.stats_writer.write(self.tracker, force=True)
             self.stats_writer.close()

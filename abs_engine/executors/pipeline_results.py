@@ -35,6 +35,7 @@ def combine(job: JobResult, parts: list[JobResult], savepoints: str) -> None:
     job.stopped_with_savepoint = any(p.stopped_with_savepoint for p in parts)
     job.recoveries = sorted((r for p in parts for r in p.recoveries), key=lambda r: r.time)
     # (job.dashboard_url is the job's: one dashboard, a view per pipeline)
+    job.tasks = {k: v for p in parts for k, v in p.tasks.items()}  # (task ids are unique across pipelines)
     history = CheckpointHistory()
     for stat in sorted((s for p in parts for s in p.history.completed + p.history.failed),
                        key=lambda s: s.latest_ack_time or s.trigger_time):

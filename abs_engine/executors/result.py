@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..monitor.latency import LatencySummary
-from ..monitor.model import CheckpointHistory, CheckpointStat, CheckpointStatus, RecoveryEvent
+from ..monitor.model import CheckpointHistory, CheckpointStat, CheckpointStatus, RecoveryEvent, TaskStat
 
 
 @dataclass
@@ -50,6 +50,11 @@ class JobResult:
     #: until running again (the most recent KEEP_CHECKPOINT_STATS at least).
     recoveries: list[RecoveryEvent] = field(default_factory=list)
     dashboard_url: str = ""  #: where the live dashboard was served ("" without ``dashboard``)
+    #: Each task as the job ended, by task id: its counts, watermark, late and skipped
+    #: records, keys, timers, CPU and memory and, for a source, its progress (what the
+    #: dashboard's task table showed; the in-process executor sends no heartbeats, so only
+    #: the driver's counts are known there).
+    tasks: dict[str, TaskStat] = field(default_factory=dict)
     #: How each crashed driver of a supervised run ended (``supervise``), e.g. "killed by
     #: signal 9"; empty without supervision or crash.
     driver_crashes: list[str] = field(default_factory=list)

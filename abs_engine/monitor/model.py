@@ -121,6 +121,73 @@ class RecoveryEvent:
     running_after_s: float | None = None
 
 
+@dataclass(frozen=True)
+class TaskStat:
+    """One task as the job ended (``JobResult.tasks``): what its last heartbeat said and the
+    driver counted, the numbers the dashboard's task table showed. -1 (None for the
+    watermark): not known, or, for a source's ``left`` and ``total``, unbounded."""
+
+    vertex: str  #: its chain (Flink's job vertex)
+    index: int  #: its subtask index
+    records_in: int  #: records it processed (a source: read), every attempt of the run
+    records_out: int  #: records it emitted, every attempt of the run
+    watermark: float | None  #: its event-time watermark (None: no event time reached it)
+    late_records: int  #: late records its windows met, every attempt
+    skipped_records: int  #: records its operators skipped (``on_error="skip"``), every attempt
+    keys: int  #: keys its keyed operators held
+    timers: int  #: timers its operators held (a window's: its open windows)
+    cpu_seconds: float  #: CPU time of its worker process (its last attempt's)
+    rss_bytes: int  #: resident memory of its worker process (0: not known)
+    left: int = -1  #: a source's units still to read (operators/progress.py)
+    total: int = -1  #: a source's units in the whole input
+    unit: str = ""  #: what a source counts ("": it does not say, or not a source)
+    position: str = ""  #: a source's offset in words
+
+
+@dataclass
+class TaskMetrics:
+    """One task's counters as its heartbeats report them, and the rates between two."""
+
+    vertex: str
+    index: int
+    status: str = "DEPLOYING"
+    pid: int | None = None
+    records_in: int = 0  #: this run's, every attempt's together
+    records_out: int = 0
+    send_s: float = 0.0  #: seconds spent sending (blocked by backpressure, mostly)
+    base: tuple[int, int, float] = (0, 0, 0.0)  #: the totals of earlier attempts
+    last: tuple[float, int, int, float] | None = None  #: (monotonic time, in, out, blocked) of the last report
+    in_rate: float = 0.0
+    out_rate: float = 0.0
+    backpressure: float = 0.0  #: share of the last interval spent blocked sending, 0..1
+    #: Its health, as its last heartbeat said (runtime/task_health.py): the event-time
+    #: watermark (None: none), its process's CPU seconds and resident bytes, the keys and
+    #: timers its operators hold (-1: not known), the late records its windows met and the
+    #: records its operators skipped (on_error="skip"), both over every attempt (a record
+    #: met again after a restore counts again, as ``JobResult.skipped_records`` counts it).
+    watermark: float | None = None
+    cpu_s: float = 0.0
+    rss: int = 0
+    keys: int = -1
+    timers: int = -1
+    late: int = 0
+    late_base: int = 0  #: the late records of earlier attempts
+    skipped: int = 0
+    #: A source task's progress, as its last heartbeat said (messages.Heartbeat): units left
+    #: and in all (-1: unbounded or not known), the unit ("": none said), the offset in words.
+    left: int = -1
+    total: int = -1
+    unit: str = ""
+    position: str = ""
+
+
+    def stat(self) -> TaskStat:
+        """What ``JobResult.tasks`` keeps of it."""
+        return TaskStat(self.vertex, self.index, self.records_in, self.records_out, self.watermark, self.late,
+                        self.skipped, self.keys, self.timers, self.cpu_s, self.rss, self.left, self.total,
+                        self.unit, self.position)
+
+
 @dataclass
 class CheckpointHistory:
     """Every checkpoint of a job that ended, kept once: the tracker adds to it as they end
@@ -150,3 +217,8 @@ def _keep(items: list[CheckpointStat], item: CheckpointStat) -> None:
         items[old] = dataclasses.replace(items[old], subtasks=())
     if len(items) >= 2 * KEEP_CHECKPOINT_STATS:
         del items[:-KEEP_CHECKPOINT_STATS]
+
+
+#: (TaskMetrics is the tracker's working record, not part of the API: JobResult.tasks holds TaskStats.)
+__all__ = ["KEEP_CHECKPOINT_STATS", "KEEP_SUBTASK_DETAILS", "CheckpointStatus", "SubtaskStat", "CheckpointStat",
+           "RecoveryEvent", "TaskStat", "CheckpointHistory"]

@@ -29,7 +29,7 @@ from ..plan import Plan
 from . import docs
 from .latency import LatencyStats, LatencySummary
 from .model import (KEEP_CHECKPOINT_STATS, KEEP_SUBTASK_DETAILS, CheckpointHistory, CheckpointStat,
-                    CheckpointStatus, RecoveryEvent, SubtaskStat)
+                    CheckpointStatus, RecoveryEvent, SubtaskStat, TaskMetrics, TaskStat)
 
 SAMPLES = 300  #: throughput samples kept, one per SAMPLE_EVERY seconds
 SAMPLE_EVERY = 1.0
@@ -44,43 +44,6 @@ class JobState(str, enum.Enum):
     FINISHED = "FINISHED"
     FAILED = "FAILED"
     CANCELED = "CANCELED"
-
-
-@dataclass
-class TaskMetrics:
-    """One task's counters as its heartbeats report them, and the rates between two."""
-
-    vertex: str
-    index: int
-    status: str = "DEPLOYING"
-    pid: int | None = None
-    records_in: int = 0  #: this run's, every attempt's together
-    records_out: int = 0
-    send_s: float = 0.0  #: seconds spent sending (blocked by backpressure, mostly)
-    base: tuple[int, int, float] = (0, 0, 0.0)  #: the totals of earlier attempts
-    last: tuple[float, int, int, float] | None = None  #: (monotonic time, in, out, blocked) of the last report
-    in_rate: float = 0.0
-    out_rate: float = 0.0
-    backpressure: float = 0.0  #: share of the last interval spent blocked sending, 0..1
-    #: Its health, as its last heartbeat said (runtime/task_health.py): the event-time
-    #: watermark (None: none), its process's CPU seconds and resident bytes, the keys and
-    #: timers its operators hold (-1: not known), the late records its windows met and the
-    #: records its operators skipped (on_error="skip"), both over every attempt (a record
-    #: met again after a restore counts again, as ``JobResult.skipped_records`` counts it).
-    watermark: float | None = None
-    cpu_s: float = 0.0
-    rss: int = 0
-    keys: int = -1
-    timers: int = -1
-    late: int = 0
-    late_base: int = 0  #: the late records of earlier attempts
-    skipped: int = 0
-    #: A source task's progress, as its last heartbeat said (messages.Heartbeat): units left
-    #: and in all (-1: unbounded or not known), the unit ("": none said), the offset in words.
-    left: int = -1
-    total: int = -1
-    unit: str = ""
-    position: str = ""
 
 
 @dataclass
@@ -181,6 +144,11 @@ class JobTracker:
             t.watermark, t.cpu_s, t.rss, t.keys, t.timers = hb.watermark, hb.cpu_s, hb.rss, hb.keys, hb.timers
             t.late = t.late_base + hb.late
             t.left, t.total, t.unit, t.position = hb.left, hb.total, hb.unit, hb.position
+
+    def task_stats(self) -> dict[str, TaskStat]:
+        """Every task's numbers now (``JobResult.tasks`` at the job's end)."""
+        with self.lock:
+            return {k: t.stat() for k, t in self.tasks.items()}
 
     def record_skipped(self, task: str) -> None:
         with self.lock:

@@ -132,6 +132,12 @@ def test_the_api_and_metrics_show_watermarks_late_and_skipped_records_keys_timer
     res = flow.run(checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.2, heartbeat_interval=0.1,
                    dashboard=0, dashboard_token=TOKEN, stop_when=stop_when)
     assert res.cancelled and seen, "the job never showed its late and skipped records"
+    # JobResult keeps what the task table showed (the job was held: nothing changed since)
+    for t in seen["job"]["tasks"]:
+        kept = res.tasks[t["id"]]
+        assert (kept.vertex, kept.late_records, kept.skipped_records, kept.keys, kept.timers, kept.watermark) == (
+            t["vertex"], t["late_records"], t["skipped_records"], t["keys"], t["timers"], t["watermark"]), t["id"]
+    assert res.tasks["win#0"].late_records == 1 and sum(s.skipped_records for s in res.tasks.values()) == 1
     job, m = seen["job"], seen["metrics"]
     [win] = [t for t in job["tasks"] if t["vertex"] == "win"]
     assert (win["keys"], win["timers"]) == (10, 10)  # the windows [90, 100), one per key, each with its timer
@@ -169,6 +175,8 @@ def test_the_api_and_metrics_show_each_sources_progress_exactly(tmp_path: Path) 
     res = flow.run(checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.2, heartbeat_interval=0.1,
                    dashboard=0, dashboard_token=TOKEN, stop_when=stop_when)
     assert res.cancelled and seen, "the job never showed its sources' progress"
+    assert [(res.tasks[f"read#{i}"].left, res.tasks[f"read#{i}"].total, res.tasks[f"read#{i}"].unit)
+            for i in range(2)] == [(300, 1000, "records")] * 2
     job, m = seen["job"], seen["metrics"]
     assert job["sources"] == {"read": {"unit": "records", "left": 600, "total": 1000, "done": 400,
                                        "fraction": 0.4}}
