@@ -94,6 +94,27 @@ def test_a_count_read_while_it_changes_is_unknown_not_wrong() -> None:
     assert task_health.held(task) == (6, -1, 4)
 
 
+def run_held(flow: Dataflow, tmp_path: Path, ready: Any) -> tuple[JobResult, dict[str, Any], Any]:
+    """Run ``flow`` (held by its gate) with a dashboard until ``ready(its /api/job)``, then
+    cancel it: its result, that document and ``/metrics`` then."""
+    seen: dict[str, Any] = {}
+
+    def stop_when(res: JobResult) -> bool:
+        if not res.dashboard_url:
+            return False
+        url, token = split(res.dashboard_url)
+        job = get(url + "api/job", token)
+        if not ready(job):
+            return False
+        seen.update(job=job, metrics=metrics(get(url + "metrics", token)))
+        return True
+
+    res = flow.run(checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.2, heartbeat_interval=0.1,
+                   dashboard=0, dashboard_token=TOKEN, stop_when=stop_when)
+    assert res.cancelled and seen, "the job never reached the state the test holds it in"
+    return res, seen["job"], seen["metrics"]
+
+
 def _skip_seven(r: tuple[str, int]) -> tuple[str, int]:
     if r == ("k7", 7):
         raise ValueError("seven is skipped")
@@ -114,34 +135,23 @@ def test_the_api_and_metrics_show_watermarks_late_and_skipped_records_keys_timer
                .aggregate(lambda: 0, lambda a, r: a + 1, name="win"))
     windows.sink(CapturingSink(tmp_path / "out"), "out")
     windows.late.sink(CapturingSink(tmp_path / "late"), "late")
-    seen: dict[str, Any] = {}
 
-    def stop_when(res: JobResult) -> bool:
-        if not res.dashboard_url:
-            return False
-        url, token = split(res.dashboard_url)
-        job = get(url + "api/job", token)
+    def ready(job: dict[str, Any]) -> bool:
         win = [t for t in job["tasks"] if t["vertex"] == "win"]
-        if not (win and win[0]["late_records"] == 1 and win[0]["watermark"] == 98.0
-                and sum(t["skipped_records"] for t in job["tasks"]) == 1
-                and all(t["cpu_seconds"] > 0 for t in job["tasks"])):  # (every task has said it once)
-            return False
-        seen.update(job=job, metrics=metrics(get(url + "metrics", token)), skipped=res.skipped_records)
-        return True
+        return bool(win and win[0]["late_records"] == 1 and win[0]["watermark"] == 98.0
+                    and sum(t["skipped_records"] for t in job["tasks"]) == 1
+                    and all(t["cpu_seconds"] > 0 for t in job["tasks"]))  # (every task has said it once)
 
-    res = flow.run(checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.2, heartbeat_interval=0.1,
-                   dashboard=0, dashboard_token=TOKEN, stop_when=stop_when)
-    assert res.cancelled and seen, "the job never showed its late and skipped records"
+    res, job, m = run_held(flow, tmp_path, ready)
     # JobResult keeps what the task table showed (the job was held: nothing changed since)
-    for t in seen["job"]["tasks"]:
+    for t in job["tasks"]:
         kept = res.tasks[t["id"]]
         assert (kept.vertex, kept.late_records, kept.skipped_records, kept.keys, kept.timers, kept.watermark) == (
             t["vertex"], t["late_records"], t["skipped_records"], t["keys"], t["timers"], t["watermark"]), t["id"]
     assert res.tasks["win#0"].late_records == 1 and sum(s.skipped_records for s in res.tasks.values()) == 1
-    job, m = seen["job"], seen["metrics"]
     [win] = [t for t in job["tasks"] if t["vertex"] == "win"]
     assert (win["keys"], win["timers"]) == (10, 10)  # the windows [90, 100), one per key, each with its timer
-    assert seen["skipped"] == 1
+    assert res.skipped_records == 1
     assert job["watermarks"]["job"] == 98.0 and job["watermarks"]["vertices"]["win"] == 98.0
     assert job["watermarks"]["lag"] == 0.0  # every vertex has caught up with the source
     assert all(t["cpu_seconds"] > 0 and t["rss_bytes"] > 1 << 20 for t in job["tasks"])
@@ -160,24 +170,9 @@ def test_the_api_and_metrics_show_each_sources_progress_exactly(tmp_path: Path) 
     (flow.source(GatedSource(RangeSource(0, 1000, batch_size=10), tmp_path / "never", after=200), "read",
                  parallelism=2)
      .map(lambda n: n * 2, "double").sink(CapturingSink(tmp_path / "out"), "out"))
-    seen: dict[str, Any] = {}
-
-    def stop_when(res: JobResult) -> bool:
-        if not res.dashboard_url:
-            return False
-        url, token = split(res.dashboard_url)
-        job = get(url + "api/job", token)
-        if (job["sources"]["read"] or {}).get("done") != 400:
-            return False
-        seen.update(job=job, metrics=metrics(get(url + "metrics", token)))
-        return True
-
-    res = flow.run(checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.2, heartbeat_interval=0.1,
-                   dashboard=0, dashboard_token=TOKEN, stop_when=stop_when)
-    assert res.cancelled and seen, "the job never showed its sources' progress"
+    res, job, m = run_held(flow, tmp_path, lambda job: (job["sources"]["read"] or {}).get("done") == 400)
     assert [(res.tasks[f"read#{i}"].left, res.tasks[f"read#{i}"].total, res.tasks[f"read#{i}"].unit)
             for i in range(2)] == [(300, 1000, "records")] * 2
-    job, m = seen["job"], seen["metrics"]
     assert job["sources"] == {"read": {"unit": "records", "left": 600, "total": 1000, "done": 400,
                                        "fraction": 0.4}}
     reads = sorted((t for t in job["tasks"] if t["vertex"] == "read"), key=lambda t: t["subtask"])
