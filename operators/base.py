@@ -232,7 +232,8 @@ class Source(Guarded, ABC, Generic[T]):
     emits_watermarks: bool = False
 
     def watermark_status(self, read_something: bool) -> float | None:
-        """With ``emits_watermarks``: the subtask's watermark now, or None when it is idle."""
+        """With ``emits_watermarks``: the subtask's watermark now, or None when it is idle;
+        ``read_something``: the last ``read_batch`` returned records."""
         raise NotImplementedError(f"{type(self).__name__} does not track event time")
 
     def progress(self) -> SourceProgress | None:
@@ -273,7 +274,9 @@ class Source(Guarded, ABC, Generic[T]):
         """Rewind to ``state``, an offset returned by snapshot()."""
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        pass
+        """Every task's snapshot for ``checkpoint_id`` is durable: the offsets it holds will
+        never be read again (a source may release what lies before them, e.g. confirm a
+        replication slot). Default: nothing."""
 
     def rescale_state(self, old: list[Any], index: int, parallelism: int, owns: Owns) -> Any:
         """The offsets of subtask ``index`` of ``parallelism`` from all old subtasks' (``old``;

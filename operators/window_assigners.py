@@ -81,10 +81,3 @@ def _whole(name: str, v: Any, least: int | None = 1) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or (least is not None and v < least):
         raise ValueError(f"window {name} must be an int{'' if least is None else f' >= {least}'} in timestamp units "
                          f"(milliseconds by convention), got {v!r}: give timestamps in a unit that makes it whole")
-
-
-def check_windows(windows: Any) -> Windows:
-    if not isinstance(windows, (TumblingWindows, SlidingWindows, SessionWindows)):
-        raise TypeError(f"windows must be TumblingWindows, SlidingWindows or SessionWindows, got "
-                        f"{type(windows).__name__}")
-    return windows

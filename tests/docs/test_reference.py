@@ -245,3 +245,23 @@ def test_every_parameter_the_reference_shows_is_documented(inventory: dict[str, 
             missing += [f"{target}({p})" for p in undocumented]
     assert not missing, ("parameters the reference shows that their docstring does not name (as ``name``): "
                          f"{missing}")
+
+
+def test_the_operator_interface_is_in_the_reference_whole(inventory: dict[str, set[str]]) -> None:
+    """Every public method a class of operators/base.py (the interface a connector or an
+    operator of one's own implements, docs/writing-connectors.md) defines is in the
+    reference: a hook left out is one nobody knows to implement."""
+    import operators.base as base
+
+    known = everything(inventory)
+    missing = []
+    for name, cls in vars(base).items():
+        if not inspect.isclass(cls) or cls.__module__ != base.__name__ or name.startswith("_"):
+            continue
+        for member, value in vars(cls).items():
+            if member.startswith("_") or not (inspect.isfunction(value) or isinstance(value, property)):
+                continue
+            shown = {f"{m}.{cls.__qualname__}.{member}" for m in ("operators", "operators.base")}
+            if not shown & known and not any(member in vars(b) for b in cls.__mro__[1:]):
+                missing.append(f"{cls.__qualname__}.{member}")
+    assert not missing, f"interface methods missing from the reference (add them to a :members: list): {missing}"
