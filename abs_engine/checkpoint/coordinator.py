@@ -38,7 +38,7 @@ from typing import Any, Callable
 from .. import messages
 from .incremental import ChainRef
 from .pending import AckOutcome, PendingCheckpoint, TaskSnapshot
-from .quiescence import QuiescenceDetector, Verdict
+from .stop_the_world import StopTheWorld
 from .metadata import FileRef, Metadata
 from .storage import CheckpointStorage
 
@@ -115,10 +115,7 @@ class CheckpointCoordinator:
         #: checkpoint id -> wall time of its trigger (pending ones), for start delays:
         #: a task's first barrier minus this (Flink's checkpoint start delay).
         self.triggered_at: dict[int, float] = {}
-        self.quiescence = QuiescenceDetector(self.tasks, channels)
-        self.wave_interval = wave_interval
-        self.stw_checkpoint: int | None = None  #: the stop-the-world checkpoint in progress
-        self.next_wave_at: float | None = None
+        self.stw = StopTheWorld(self.tasks, self.source_tasks, channels, wave_interval, clock)
         #: Checkpoints that expired, with the tasks that had not acknowledged them; the
         #: executor drains this list (it reports them and counts consecutive failures).
         self.expired: list[tuple[int, tuple[str, ...]]] = []
@@ -163,8 +160,8 @@ class CheckpointCoordinator:
         times = [p.started + self.timeout for p in self.pending.values()]
         if self.aligned_timeout is not None:
             times += [p.started + self.aligned_timeout for cid, p in self.pending.items() if self._escalates(cid, p)]
-        if self.next_wave_at is not None:
-            times.append(self.next_wave_at)
+        if self.stw.next_wave_at is not None:
+            times.append(self.stw.next_wave_at)
         # A due trigger is only actionable below the in-flight limit (else: busy loop).
         if len(self.pending) < self.max_in_flight and not self.all_finished:
             if self.next_trigger_at is not None:
@@ -181,8 +178,7 @@ class CheckpointCoordinator:
             if now - p.started > self.timeout:
                 self._abort(cid)
                 self.expired.append((cid, tuple(sorted(p.missing))))
-                if cid == self.stw_checkpoint:
-                    out += self._end_stop_the_world(cid)  # never leave the sources paused
+                out += self.stw.end(cid)  # never leave the sources paused
         if self.aligned_timeout is not None:
             for cid, p in sorted(self.pending.items()):
                 if self._escalates(cid, p) and now - p.started >= self.aligned_timeout:
@@ -190,10 +186,7 @@ class CheckpointCoordinator:
                     targets = sorted(self.tasks - set(p.acks))
                     p.triggered_directly |= set(targets)
                     out += [(t, messages.Trigger(cid, True)) for t in targets]
-        if self.next_wave_at is not None and now >= self.next_wave_at:
-            self.next_wave_at = None
-            wave = self.quiescence.next_wave()
-            out += [(t, messages.CountRequest(wave)) for t in sorted(self.tasks)]
+        out += self.stw.due(now)
         if (self.final_completed is not None or len(self.pending) >= self.max_in_flight
                 or (self.stopping and self.savepoint_id is not None)):
             return out
@@ -221,12 +214,8 @@ class CheckpointCoordinator:
         self.triggered_at[cid] = time.time()
         if self.stop_the_world and not final:
             self.modes[cid] = "stop-the-world"
-            # Pause the sources, then count until nothing is in flight (see quiescence.py).
             p.stop_the_world = True
-            self.stw_checkpoint = cid
-            wave = self.quiescence.start()
-            return ([(t, messages.Pause(cid)) for t in sorted(self.source_tasks)]
-                    + [(t, messages.CountRequest(wave)) for t in sorted(self.tasks)])
+            return self.stw.begin(cid)
         unaligned = self.unaligned and cid != self.savepoint_id
         self.modes[cid] = "savepoint" if cid == self.savepoint_id else "unaligned" if unaligned else "aligned"
         targets = set(self.tasks) if unaligned else set(self.source_tasks) | self.direct
@@ -294,19 +283,7 @@ class CheckpointCoordinator:
 
     def on_counts(self, msg: messages.Counts) -> list[tuple[str, messages.Message]]:
         """One task's answer to a counting wave (stop-the-world)."""
-        if self.stw_checkpoint is None:
-            return []
-        verdict = self.quiescence.on_counts(msg.task, msg.wave, msg.sent, msg.received)
-        if verdict is Verdict.QUIESCENT:
-            return [(t, messages.Snapshot(self.stw_checkpoint)) for t in sorted(self.tasks)]
-        if verdict is Verdict.IN_FLIGHT:
-            self.next_wave_at = self.clock() + self.wave_interval
-        return []
-
-    def _end_stop_the_world(self, cid: int) -> list[tuple[str, messages.Message]]:
-        self.stw_checkpoint = None
-        self.next_wave_at = None
-        return [(t, messages.Resume(cid)) for t in sorted(self.source_tasks)]
+        return self.stw.on_counts(msg)
 
     def on_ack(self, ack: messages.Ack) -> tuple[AckOutcome, Metadata | None]:
         """Record an acknowledgement; returns the outcome and the checkpoint it completed."""
@@ -406,6 +383,4 @@ class CheckpointCoordinator:
         stop = not meta.final and self.stopping and meta.checkpoint_id == self.savepoint_id
         out: list[tuple[str, messages.Message]] = [
             (t, messages.NotifyComplete(meta.checkpoint_id, meta.final, stop)) for t in sorted(self.tasks)]
-        if meta.checkpoint_id == self.stw_checkpoint:
-            out += self._end_stop_the_world(meta.checkpoint_id)  # durable: the world may go on
-        return out
+        return out + self.stw.end(meta.checkpoint_id)  # durable: the world may go on
