@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from abs_engine import codec
+from abs_engine import auth, codec
 from abs_engine.checkpoint.snapshot_file import decode_state
 from abs_engine.checkpoint.metadata import FileRef, Metadata
 from abs_engine.checkpoint.storage import CheckpointStorage
@@ -83,22 +83,26 @@ BATCHES_PER_ROUND = 100
 ACK_EVERY = 10
 _ACK = struct.Struct("!Q")
 
-#: The child: listens on 127.0.0.1, prints its port, reads frames with FrameReader the way
+#: The child: listens on 127.0.0.1, prints its port, authenticates the sender as a task's
+#: input does (the secret comes on its argv), reads frames with FrameReader the way
 #: InputChannel.fill does (recv RECV_SIZE, feed, next_frame until None) and acknowledges
 #: every ACK_EVERY record frames with the count of frames so far. END: final ack, exit.
 _READER = r"""
 import socket, struct, sys
 from abs_engine import codec
+from abs_engine.auth import server_handshake
 from abs_engine.runtime.channel import RECV_SIZE, tune
 
-ack_every, decode = int(sys.argv[1]), sys.argv[2] == "decode"
+ack_every, decode, secret = int(sys.argv[1]), sys.argv[2] == "decode", bytes.fromhex(sys.argv[3])
 listener = socket.create_server(("127.0.0.1", 0))
 print(listener.getsockname()[1], flush=True)
 listener.settimeout(60)
 sock, _ = listener.accept()
 listener.close()
 tune(sock)
+rest = server_handshake(sock, secret)
 reader = codec.FrameReader()
+reader.feed(rest)
 ack = struct.Struct("!Q")
 RECORDS, END = codec.FrameKind.RECORDS, codec.FrameKind.END
 unpack = codec.unpack
@@ -128,13 +132,14 @@ class _ChildReader:
     """A child Python process reading one channel; the parent writes with OutputChannel."""
 
     def __init__(self, mode: str):
-        self.proc = subprocess.Popen([sys.executable, "-c", _READER, str(ACK_EVERY), mode],
+        secret = auth.new_secret()
+        self.proc = subprocess.Popen([sys.executable, "-c", _READER, str(ACK_EVERY), mode, secret.hex()],
                                      stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         if not line.strip():
             self.proc.wait(10)
             raise RuntimeError(f"reader child failed to start (exit {self.proc.returncode})")
-        self.out = OutputChannel.connect("bench#0->reader#0", ("127.0.0.1", int(line)))  # sends HELLO
+        self.out = OutputChannel.connect("bench#0->reader#0", ("127.0.0.1", int(line)), secret)  # then HELLO
         self.out.sock.settimeout(60)
         self.sent = 0
         self.acked = 0

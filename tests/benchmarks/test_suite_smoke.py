@@ -82,3 +82,19 @@ def test_nexmark_bench_runs_on_tiny_inputs(tmp_path):
         assert all(v > 0 for v in q["events_per_s_per_core"].values())
     text = (out / "nexmark.md").read_text()
     assert "| q7 |" in text and "Flink 1.13" in text
+
+
+def test_the_micro_benchmarks_run_once_each():
+    """benchmarks/micro is outside the test paths: run once here, each benchmark a single
+    round (--benchmark-disable), so an API change that breaks one fails the suite (the
+    channel benchmark once went without its connection's secret unnoticed)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                           "--benchmark-disable", str(root / "benchmarks" / "micro")],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1]
