@@ -25,10 +25,13 @@ def rate_of(query: str) -> dict[str, int]:
 @pytest.mark.parametrize("parallelism", [1, 2])
 @pytest.mark.parametrize("query", sorted(QUERIES))
 def test_query_exactly_once_under_sigkill(tmp_path, query, parallelism):
+    """Each source subtask holds an eighth of the way in until both kills are made (the gate
+    the chaos opens), so the kills land mid-job however fast the machine runs it."""
     build, oracle = QUERIES[query]
-    sink = CapturingSink(tmp_path / "out")
-    chaos = KillOnCheckpoints([1, 3], seed=parallelism)
-    res = build(EVENTS, sink, parallelism, 5, **rate_of(query)).run(
+    sink, gate = CapturingSink(tmp_path / "out"), tmp_path / "gate"
+    chaos = KillOnCheckpoints([1, 3], seed=parallelism, open_gate=gate)
+    held = GatedSource(NexmarkSource(EVENTS, 5, rate_of(query).get("rate", DEFAULT_RATE)), gate, after=EVENTS // 8)
+    res = build(EVENTS, sink, parallelism, 5, **rate_of(query), source=held).run(
         chaos=chaos, restart_delay=0, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
     assert_each_kill_restored(res, chaos, min_kills=1)
     assert res.skipped_records == 0  # no record was late: the watermarks only trail each source's newest
