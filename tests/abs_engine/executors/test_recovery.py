@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import collections
 import os
+from typing import Any
 
 import pytest
 
 from abs_engine import Dataflow
-from abs_engine.testing import KillOnCheckpoints, fail_at
+from abs_engine.testing import GatedSource, KillOnCheckpoints, fail_at
 from operators import FileSink, TextFileSource
 from tests.chaos_checks import assert_each_kill_restored
 from tests.conftest import batch_word_count
@@ -20,9 +21,16 @@ from tests.conftest import batch_word_count
 pytestmark = pytest.mark.slow
 
 
-def wordcount(src: str, out: str, parallelism: int) -> Dataflow:
+def wordcount(src: str, out: str, parallelism: int, gate: str | None = None) -> Dataflow:
+    """With ``gate``: each source subtask holds half-way through its lines until the file
+    exists (KillOnCheckpoints opens it after its last kill: the job cannot end before them)."""
     flow = Dataflow("wordcount", parallelism=parallelism)
-    words = flow.source(TextFileSource(src, batch_bytes=1 << 15)).flat_map(str.split)
+    source: Any = TextFileSource(src, batch_bytes=1 << 15)
+    if gate is not None:
+        with open(src, "rb") as f:
+            lines = sum(1 for _ in f)
+        source = GatedSource(source, gate, after=lines // parallelism // 2)
+    words = flow.source(source).flat_map(str.split)
     words.key_by().count_final().sink(FileSink(out), parallelism=1)
     return flow
 
@@ -40,10 +48,8 @@ def as_counts(lines: collections.Counter[str]) -> collections.Counter[str]:
     return out
 
 
-# Kill right after these checkpoint completions (counted across attempts). The intervals are
-# short next to the run (under a second of processing at parallelism 1), so at least the
-# first kill falls mid-job; a later one may fall after the final checkpoint (nothing to
-# restore then but the commit), which assert_each_kill_restored allows.
+# Kill right after these checkpoint completions (counted across attempts); the sources hold
+# half-way until the last kill is made, so every kill falls mid-job.
 KILLS = (1, 3)
 
 
@@ -55,12 +61,12 @@ def test_sigkill_after_checkpoints_gives_identical_output(medium_corpus, tmp_pat
     golden = output_lines(golden_out)
     assert as_counts(golden) == batch_word_count(medium_corpus)
 
-    out = str(tmp_path / "killed.tsv")
-    chaos = KillOnCheckpoints(KILLS, seed=parallelism * 100 + int(interval * 100))
-    res = wordcount(medium_corpus, out, parallelism).run(
+    out, gate = str(tmp_path / "killed.tsv"), str(tmp_path / "gate")
+    chaos = KillOnCheckpoints(KILLS, seed=parallelism * 100 + int(interval * 100), open_gate=gate)
+    res = wordcount(medium_corpus, out, parallelism, gate).run(
         checkpoint_interval=interval, checkpoint_dir=str(tmp_path / "ckpt"), chaos=chaos, restart_delay=0
     )
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert output_lines(out) == golden
 
 
@@ -103,11 +109,11 @@ def test_stop_the_world_under_sigkill_gives_identical_output(medium_corpus, tmp_
     """Stop-the-world must be as correct as ABS: the same golden-output test."""
     golden_out = str(tmp_path / "golden.tsv")
     wordcount(medium_corpus, golden_out, parallelism).run(mode="none")
-    out = str(tmp_path / "killed.tsv")
-    chaos = KillOnCheckpoints((1, 2, 3), seed=40 + parallelism)
-    res = wordcount(medium_corpus, out, parallelism).run(
+    out, gate = str(tmp_path / "killed.tsv"), str(tmp_path / "gate")
+    chaos = KillOnCheckpoints((1, 2, 3), seed=40 + parallelism, open_gate=gate)
+    res = wordcount(medium_corpus, out, parallelism, gate).run(
         mode="stop-the-world", checkpoint_interval=0.1, checkpoint_dir=str(tmp_path / "ckpt"), chaos=chaos,
         restart_delay=0)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert output_lines(out) == output_lines(golden_out)
     assert as_counts(output_lines(out)) == batch_word_count(medium_corpus)

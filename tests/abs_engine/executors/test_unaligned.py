@@ -8,13 +8,15 @@ from __future__ import annotations
 import collections
 import os
 import shutil
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from abs_engine import Dataflow
 from abs_engine.checkpoint.savepoint import load_savepoint, write_savepoint
 from abs_engine.checkpoint.storage import CheckpointStorage
-from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
+from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints, TestingSource
 from examples import bank, collatz
 from tests.abs_engine.executors.test_rescaling import pipeline, pipeline_oracle
 from tests.chaos_checks import assert_each_kill_restored
@@ -24,10 +26,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 WORDS = [f"w{(i * 7919) % 5003}" for i in range(300_000)]
 
 
-def wordcount(sink: CapturingSink, parallelism: int) -> Dataflow:
+def wordcount(sink: CapturingSink, parallelism: int, gate: Path | None = None) -> Dataflow:
+    """With ``gate``: each source subtask holds half-way through its words until the file
+    exists (the chaos opens it after its last kill: the job cannot end before them)."""
     flow = Dataflow("wordcount", parallelism=parallelism)
-    flow.source(TestingSource(WORDS, batch_size=500), name="words").key_by().count_final(name="count") \
-        .sink(sink, name="sink", parallelism=1)
+    source: Any = TestingSource(WORDS, batch_size=500)
+    if gate is not None:
+        source = GatedSource(source, gate, after=len(WORDS) // parallelism // 2)
+    flow.source(source, name="words").key_by().count_final(name="count").sink(sink, name="sink", parallelism=1)
     return flow
 
 
@@ -42,11 +48,11 @@ def persisted_in_flight(res) -> int:  # type: ignore[no-untyped-def]
 # (One parallelism end to end; the protocol at others: the simulation's topologies, in-process.)
 @pytest.mark.parametrize("parallelism", [2])
 def test_wordcount_unaligned_is_exact_under_sigkills(tmp_path, parallelism):
-    sink = CapturingSink(tmp_path / "out")
-    chaos = KillOnCheckpoints([1, 3], seed=parallelism)
-    res = wordcount(sink, parallelism).run(mode="unaligned", checkpoint_interval=0.02, chaos=chaos,
+    sink, gate = CapturingSink(tmp_path / "out"), tmp_path / "gate"
+    chaos = KillOnCheckpoints([1, 3], seed=parallelism, open_gate=gate)
+    res = wordcount(sink, parallelism, gate).run(mode="unaligned", checkpoint_interval=0.02, chaos=chaos,
                                            checkpoint_dir=str(tmp_path / "ck"), restart_delay=0)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert dict(sink.records()) == collections.Counter(WORDS)
     persisted_in_flight(res)
 
@@ -78,11 +84,11 @@ def assert_pipeline_cuts_consistent(ck: str, n: int) -> None:
 
 @pytest.mark.parametrize("parallelism", [4])
 def test_pipeline_unaligned_emits_every_record_once_under_sigkills(tmp_path, parallelism):
-    n, sink, ck = 300_000, CapturingSink(tmp_path / "out"), str(tmp_path / "ck")
-    chaos = KillOnCheckpoints([1, 3], seed=10 + parallelism)
-    res = pipeline(n, sink, parallelism).run(mode="unaligned", checkpoint_interval=0.02, chaos=chaos,
+    n, sink, ck, gate = 300_000, CapturingSink(tmp_path / "out"), str(tmp_path / "ck"), tmp_path / "gate"
+    chaos = KillOnCheckpoints([1, 3], seed=10 + parallelism, open_gate=gate)  # (held half-way until the kills)
+    res = pipeline(n, sink, parallelism, gate, hold=n // parallelism // 2).run(mode="unaligned", checkpoint_interval=0.02, chaos=chaos,
                                              checkpoint_dir=ck, restart_delay=0, retained_checkpoints=10_000)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
     assert persisted_in_flight(res) > 0, "no checkpoint held records in flight: the run proves nothing"
     assert_pipeline_cuts_consistent(ck, n)
@@ -104,12 +110,13 @@ def test_bank_unaligned_is_exact_and_conserved_in_every_checkpoint(tmp_path, par
     """Conservation on every completed checkpoint: balances + credits in flight (back-edge
     logs and regular inputs' channel state alike) == the money the bank started with."""
     accounts, transfers, seed, ck = 50, 75_000, parallelism, str(tmp_path / "ck")
-    out = str(tmp_path / "out.tsv")
-    chaos = KillOnCheckpoints([1, 2, 3], seed=20 + parallelism)
-    res = bank.build_flow(accounts, transfers, seed, out, parallelism).run(
+    out, gate = str(tmp_path / "out.tsv"), tmp_path / "gate"
+    chaos = KillOnCheckpoints([1, 2, 3], seed=20 + parallelism, open_gate=gate)  # (held half-way until the kills)
+    held = GatedSource(bank.TransferSource(accounts, transfers, seed), gate, after=transfers // parallelism // 2)
+    res = bank.build_flow(accounts, transfers, seed, out, parallelism, source=held).run(
         mode="unaligned", checkpoint_interval=0.03, chaos=chaos, checkpoint_dir=ck, restart_delay=0,
         retained_checkpoints=10_000)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert bank.read_output(out) == bank.oracle(accounts, transfers, seed)
     storage = CheckpointStorage(ck)
     assert len(storage.completed_ids()) >= 3
@@ -121,11 +128,11 @@ def test_bank_unaligned_is_exact_and_conserved_in_every_checkpoint(tmp_path, par
 def test_the_aligned_timeout_turns_slow_alignments_unaligned_and_stays_exact(tmp_path):
     """aligned_timeout=0: every task that has to wait for a second barrier snapshots unaligned
     at once (the checkpoint's barriers carry that on), and the output is still exact."""
-    n, sink = 400_000, CapturingSink(tmp_path / "out")
-    chaos = KillOnCheckpoints([2], seed=4)
-    res = pipeline(n, sink, 2).run(aligned_timeout=0.0, checkpoint_interval=0.02, chaos=chaos,
+    n, sink, gate = 400_000, CapturingSink(tmp_path / "out"), tmp_path / "gate"
+    chaos = KillOnCheckpoints([2], seed=4, open_gate=gate)  # (held half-way until the kill)
+    res = pipeline(n, sink, 2, gate, hold=n // 4).run(aligned_timeout=0.0, checkpoint_interval=0.02, chaos=chaos,
                                    checkpoint_dir=str(tmp_path / "ck"), restart_delay=0)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
     assert {c.mode for c in res.checkpoints} == {"aligned"}
     assert any(c.unaligned_tasks > 0 for c in res.checkpoints), "no alignment ever timed out"
