@@ -1399,24 +1399,37 @@
     return model.pipeline === null ? "" : "?pipeline=" + encodeURIComponent(model.pipeline);
   }
 
+  var pipelineTabsKey = "";
+
   function renderPipelines() {
     var list = arr(model.pipelines).filter(function (p) { return p && typeof p.name === "string"; });
-    var nav = $("pipelines");
-    nav.hidden = list.length < 2;
+    $("pipelines").hidden = list.length < 2;
     var tabs = $("pipeline-tabs");
-    clear(tabs);
+    // The buttons are made when the pipelines change and updated in place after: made anew
+    // every poll, they would take the keyboard focus (or a click in progress) away each second.
+    var key = JSON.stringify(list.map(function (p) { return p.name; }));
+    if (key !== pipelineTabsKey) {
+      pipelineTabsKey = key;
+      clear(tabs);
+      list.forEach(function (p) {
+        var b = h("button", { type: "button", "class": "pipeline-tab", "data-pipeline": p.name });
+        b.appendChild(h("span", { "class": "pipeline-name" }, p.name));
+        b.appendChild(h("span", { "class": "badge" }, ""));
+        b.appendChild(h("span", { "class": "pipeline-restarts" }, ""));
+        b.addEventListener("click", function () { selectPipeline(p.name); });
+        tabs.appendChild(b);
+      });
+    }
     list.forEach(function (p, i) {
-      var c = obj(p.checkpoints);
+      var b = tabs.children[i], c = obj(p.checkpoints);
       var current = model.pipeline === null ? i === 0 : p.name === model.pipeline;
-      var b = h("button", { type: "button", "class": "pipeline-tab" + (current ? " active" : ""),
-        "data-pipeline": p.name, "aria-pressed": current ? "true" : "false",
-        title: arr(p.vertices).join(", ") + ": attempt " + str(p.attempt) + ", " + fmtInt(c.completed) +
-          " checkpoints completed (latest " + str(c.latest_completed) + ")" });
-      b.appendChild(h("span", { "class": "pipeline-name" }, p.name));
-      b.appendChild(h("span", { "class": "badge " + stateClass(p.state) }, str(p.state)));
-      b.appendChild(h("span", { "class": "pipeline-restarts" }, fmtInt(p.restarts) + (p.restarts === 1 ? " restart" : " restarts")));
-      b.addEventListener("click", function () { selectPipeline(p.name); });
-      tabs.appendChild(b);
+      b.className = "pipeline-tab" + (current ? " active" : "");
+      b.setAttribute("aria-pressed", current ? "true" : "false");
+      b.title = arr(p.vertices).join(", ") + ": attempt " + str(p.attempt) + ", " + fmtInt(c.completed) +
+        " checkpoints completed (latest " + str(c.latest_completed) + ")";
+      b.children[1].className = "badge " + stateClass(p.state);
+      b.children[1].textContent = str(p.state);
+      b.children[2].textContent = fmtInt(p.restarts) + (p.restarts === 1 ? " restart" : " restarts");
     });
   }
 
@@ -1565,7 +1578,9 @@
       renderAll();
       return fetchDetail(false);
     }).then(function (outcome) {
-      if (outcome !== "stale") { schedule(POLL_MS); }
+      // only the newest loop goes on: a poll overtaken by a pipeline switch (in its detail
+      // request, say) must not schedule a second loop beside the new one
+      if (outcome !== "stale" && seq === pollSeq) { schedule(POLL_MS); }
     }).catch(function (e) {
       if (seq !== pollSeq) { return; }
       var wasConnected = model.connected;

@@ -135,7 +135,13 @@ def test_dashboard_of_a_running_job_and_its_report(browser, tmp_path: Path) -> N
         # a tab per pipeline: the other pipeline's view holds its own tasks, state and restarts
         assert page.locator("#pipelines").is_visible()
         assert page.locator(".pipeline-tab").all_text_contents()[0].startswith("read")
-        page.click(".pipeline-tab[data-pipeline='ticks']")
+        # by keyboard: the tab keeps the focus across a poll (the page redraws every second)
+        page.focus(".pipeline-tab[data-pipeline='ticks']")
+        uptime = page.text_content("#job-duration")
+        page.wait_for_function(f"() => document.querySelector('#job-duration').textContent !== {json.dumps(uptime)}",
+                               timeout=30_000)
+        assert page.evaluate("() => document.activeElement.getAttribute('data-pipeline')") == "ticks"
+        page.keyboard.press("Enter")
         page.wait_for_function("() => [...document.querySelectorAll('#task-table tbody tr')]"
                                ".map(r => r.children[1].textContent).join() === 'ticks'", timeout=30_000)
         assert page.url.endswith("#pipeline=ticks") and number(page, "#restart-count") == 0
