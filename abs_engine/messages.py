@@ -205,6 +205,12 @@ class Finished(Message):
     task: str
     records_in: int
     records_out: int
+    #: A source's progress now that it has read all (as Heartbeat's): what a job that ends
+    #: before the next heartbeat keeps in its statistics.
+    left: int = -1
+    total: int = -1
+    unit: str = ""
+    position: str = ""
 
 
 @dataclass(frozen=True)

@@ -210,7 +210,8 @@ class AttemptDriver:
         """One message of task ``task``: the coordinator's share routed (checkpoint/routing.py),
         the rest (statistics, the result, failures) handled here."""
         if isinstance(msg, messages.Finished):
-            self.tracker.task_finished(msg.task, msg.records_in, msg.records_out)
+            self.tracker.task_finished(msg.task, msg.records_in, msg.records_out,
+                                       (msg.left, msg.total, msg.unit, msg.position))
             if msg.task in self.coord.source_tasks:
                 self.sources.report(msg.task, msg.records_in)
         routed = route(self.coord, msg)

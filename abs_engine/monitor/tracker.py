@@ -165,11 +165,15 @@ class JobTracker:
         with self.lock:
             return self.latency.run()
 
-    def task_finished(self, task: str, records_in: int, records_out: int) -> None:
+    def task_finished(self, task: str, records_in: int, records_out: int,
+                      progress: tuple[int, int, str, str] = (-1, -1, "", "")) -> None:
+        """The task read or received all its input; ``progress``: a source's, then."""
         with self.lock:
             self.version += 1
             t = self.tasks[task]
             t.status = "FINISHED"
+            if progress[2]:
+                t.left, t.total, t.unit, t.position = progress
             t.in_rate = t.out_rate = t.backpressure = 0.0
             self._set_counts(t, records_in, records_out, t.send_s - t.base[2])
 

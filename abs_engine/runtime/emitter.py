@@ -19,6 +19,7 @@ from .. import codec, messages
 from .chain import Chain, record_repr
 from .control import ControlLink
 from .output import Output
+from .task_health import progress_of
 
 __all__ = ["Emitter"]
 
@@ -99,4 +100,4 @@ class Emitter:
         for out in self.outputs:
             out.broadcast(end)
         self.finished = True
-        self.control.send(messages.Finished(self.task, records_in, self.records_out))
+        self.control.send(messages.Finished(self.task, records_in, self.records_out, *progress_of(self.chain)))

@@ -182,3 +182,20 @@ def test_the_api_and_metrics_show_each_sources_progress_exactly(tmp_path: Path) 
     for t in reads:
         labels = (("task", t["id"]), ("unit", "records"), ("vertex", "read"))
         assert m[("abs_engine_source_left", labels)] == 300 and m[("abs_engine_source_total", labels)] == 1000
+
+
+@pytest.mark.slow
+def test_a_job_that_ends_keeps_its_sources_read_to_the_end(tmp_path: Path) -> None:
+    """A job that ends before its sources' next heartbeat (or their first) keeps them read
+    whole: Finished carries the source's last progress (it used to keep the last heartbeat's,
+    and a report of a finished job said 99 % read, or nothing)."""
+    from abs_engine.monitor.store import read_stats
+
+    flow = Dataflow("ends")
+    flow.source(RangeSource(0, 200_000, batch_size=1_000), "read", parallelism=2) \
+        .sink(CapturingSink(tmp_path / "out"), "out")
+    res = flow.run(checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.2, heartbeat_interval=30.0)
+    assert [(res.tasks[f"read#{i}"].left, res.tasks[f"read#{i}"].total, res.tasks[f"read#{i}"].position)
+            for i in range(2)] == [(0, 200_000, "end")] * 2
+    stored = read_stats(str(tmp_path / "ck"))["job"]["sources"]
+    assert stored == {"read": {"unit": "records", "left": 0, "total": 200_000, "done": 200_000, "fraction": 1.0}}
