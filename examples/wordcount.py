@@ -38,6 +38,7 @@ def build_flow(input: str = "input.txt", output: str = "wordcount-out.tsv", para
         from operators.spark import SparkSource
 
         reader: Any = SparkSource.text(input)
+        reader.check()  # read the input now (this starts Spark), so the job's time is its own
     elif source == "file":
         reader = TextFileSource(input)
     else:

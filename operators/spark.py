@@ -96,30 +96,28 @@ class SparkSource(Source[Any]):
         self.tls: Material | None = None  #: the partition server's TLS material, likewise
         self.fingerprint = ""
         self.num_partitions = 0
-        #: How ``text``/``csv``/``parquet`` read ``df`` with the embedded session: (what, path,
-        #: reader); None for a DataFrame given. A driver in another process (a supervised one,
-        #: which is never handed the DataFrame) reads it again from this.
+        #: How ``text``/``csv``/``parquet`` read their input with the embedded session: (what,
+        #: path, reader); None for a DataFrame given. Read in the driver when the job checks
+        #: its inputs (``check``), not where the source is made: a supervised driver, a
+        #: process of its own, reads it there, and its caller starts no Spark.
         self._recipe: tuple[str, str, Any] | None = None
 
     # ---- helpers ---------------------------------------------------------------------
 
     @classmethod
     def _read(cls, what: str, path: str, spark: Any, reader: Any, **kw: Any) -> "SparkSource":
-        from abs_engine import spark_session
-
         if not os.path.exists(path):
             raise InputError(f"{what} input {path!r} does not exist: pass an existing file or directory")
         src = cls(None, owns_session=spark is None, **kw)
-        if spark is None:  # the embedded session's: a driver in another process reads it again
-            src._recipe = (what, path, reader)
-            if spark_session.planning_only:
-                return src  # `abs-engine plan`: no JVM started to print a plan
-        src._df = _read_with(spark or spark_session.embedded_session(), what, path, reader)
+        if spark is None:
+            src._recipe = (what, path, reader)  # read by the driver, at check()
+        else:
+            src._df = _read_with(spark, what, path, reader)
         return src
 
     def _load(self) -> Any:
-        """In a driver that was not handed the DataFrame (a supervised one): read it again as
-        ``text``/``csv``/``parquet`` were asked, with the embedded session."""
+        """The DataFrame ``text``/``csv``/``parquet`` were asked for, read in this process (the
+        driver) with the embedded session."""
         from abs_engine import spark_session
 
         if self._recipe is None:
@@ -134,8 +132,9 @@ class SparkSource(Source[Any]):
     @classmethod
     def text(cls, path: str | os.PathLike[str], spark: Any = None, **kw: Any) -> "SparkSource":
         """Lines of the text files at ``path`` (a file or a directory) as str records, read with
-        ``spark`` (None: the embedded session, stopped when the job ends); other keywords go to
-        the constructor. InputError if ``path`` is missing or Spark cannot read it."""
+        ``spark`` (None: the embedded session, started by the driver when the job checks its
+        inputs, or by ``check()``, and stopped when the job ends); other keywords go to the
+        constructor. InputError if ``path`` is missing (at once) or Spark cannot read it."""
         return cls._read("text", os.fspath(path), spark, lambda r, p: r.text(p), column="value", expect=str, **kw)
 
     @classmethod
@@ -162,7 +161,7 @@ class SparkSource(Source[Any]):
         if self._df is None:
             if spark_session.planning_only:
                 return
-            self._df = self._load()  # in a supervised driver: read again, or say why it cannot be
+            self._df = self._load()  # (read here, in the driver; a given DataFrame cannot be missing)
         cols = self._df.columns
         if self.column is not None and self.column not in cols:
             raise InputError(f"column {self.column!r} is not in the DataFrame (columns: {cols})")

@@ -224,9 +224,10 @@ def _all_drivers() -> list[int]:
 @pytest.mark.spark
 @pytest.mark.timeout(300)
 def test_a_supervised_driver_reads_its_spark_source_again_and_a_driver_kill_loses_nothing(tmp_path, spark):
-    """The supervised driver is never handed the DataFrame (it runs in a process of its own):
-    SparkSource.text reads the files again with the driver's own session, after a SIGKILL
-    too (it used to fail: 'NoneType' object has no attribute 'sparkSession')."""
+    """The supervised driver is never handed a DataFrame (it runs in a process of its own):
+    SparkSource.text reads its files in the driver, with the driver's own session, after a
+    SIGKILL too (it used to fail: 'NoneType' object has no attribute 'sparkSession'), and
+    the caller starts no Spark for it."""
     from operators.spark import SparkSource
 
     path = tmp_path / "words.txt"
@@ -235,7 +236,8 @@ def test_a_supervised_driver_reads_its_spark_source_again_and_a_driver_kill_lose
     gate, ck = str(tmp_path / "gate"), str(tmp_path / "ck")
     sink = CapturingSink(tmp_path / "out")
     flow = Dataflow("spark-supervised", parallelism=2)
-    (flow.source(GatedSource(SparkSource.text(path), gate, after=2_000), name="read")
+    src = SparkSource.text(path)
+    (flow.source(GatedSource(src, gate, after=2_000), name="read")
      .flat_map(str.split, name="split").key_by().count_final(name="count").sink(sink, name="out", parallelism=1))
     t, box = run_in_thread(lambda: flow.run(supervise=True, checkpoint_dir=ck, checkpoint_interval=0.1,
                                             restart_delay=0, driver_restarts=2))
@@ -247,6 +249,7 @@ def test_a_supervised_driver_reads_its_spark_source_again_and_a_driver_kill_lose
         t.join(240)
     assert "error" not in box, box.get("error")
     assert box["result"].driver_crashes == ["killed by signal 9"]
+    assert src._df is None  # the caller (the supervisor) never read the input: no Spark of its own
     assert dict(sink.records()) == collections.Counter(w for line in lines for w in line.split())
 
 
