@@ -261,9 +261,24 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .pipelines import DIR_PREFIX
 
     if (pipelines := pipeline_dirs(args.dir)) and not os.path.exists(os.path.join(args.dir, STATS_FILE)):
-        # a job of several pipelines: one report, a tab per pipeline (as its dashboard had)
-        doc = {"version": 1, "pipelines": [{"name": d[len(DIR_PREFIX):], **read_stats(fs.join(args.dir, d))}
-                                           for d in sorted(pipelines)]}
+        # A job of several pipelines: one report, a tab per pipeline (as its dashboard had). A
+        # pipeline with no statistics (one restored finished from a savepoint is not run
+        # again) is said and left out; none at all is the error a single job's would be.
+        parts, missing = [], []
+        for d in sorted(pipelines):
+            try:
+                parts.append({**read_stats(fs.join(args.dir, d)), "name": d[len(DIR_PREFIX):]})
+            except CheckpointError as e:
+                if e.reason is not CheckpointErrorReason.NOT_FOUND:
+                    raise
+                missing.append(d)
+        if not parts:
+            raise CheckpointError(CheckpointErrorReason.NOT_FOUND,
+                                  f"no job statistics in any pipeline of {args.dir} ({', '.join(missing)})")
+        if missing:
+            print(f"no statistics for {', '.join(missing)} (not run in this directory): left out of the report",
+                  file=sys.stderr)
+        doc = {"version": 1, "pipelines": parts}
     else:
         doc = read_stats(args.dir)
     out = args.output or (os.path.join(fs.local_path(args.dir), "report.html") if not fs.is_remote(args.dir)

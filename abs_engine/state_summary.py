@@ -80,7 +80,7 @@ def summary(state: Any, parts: list[list[str]], kind: str, max_parallelism: int)
             out[name] = {"timers": sum(len(row[2]) for row in value if isinstance(row, list) and len(row) == 3),
                          "bytes": size}
         elif part == "lowest":
-            out[name] = {"value": value}
+            out[name] = {"value": value, "bytes": size}
         else:
             out[name] = {"bytes": size}
         out[name]["kind"] = kind_of(kind, part)

@@ -127,7 +127,7 @@ def read_stats(location: str) -> dict[str, Any]:
                               f"{STATS_FILE} in {shown} holds {e.size:,} bytes, more than the "
                               f"{MAX_STATS_BYTES:,} a statistics file can: not one abs-engine wrote") from None
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, parse_constant=_no_constant)  # (NaN and Infinity are not JSON: not ours)
     except ValueError as e:
         raise CheckpointError(CheckpointErrorReason.CORRUPT_STATE, f"{STATS_FILE} in {shown} is not JSON ({e}): "
                                                              "it was damaged; run the job again to rewrite it") from None
@@ -136,6 +136,10 @@ def read_stats(location: str) -> dict[str, Any]:
         raise CheckpointError(CheckpointErrorReason.CORRUPT_STATE,
                               f"{STATS_FILE} in {shown} is not a statistics document of this abs-engine version")
     return doc
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _read_local(path: str) -> bytes:

@@ -190,6 +190,16 @@ def test_a_job_of_pipelines_lists_each_and_shows_or_reports_one(tmp_path, capsys
     assert main(["report", str(d), "--output", str(out)]) == 0
     data = json.loads(out.read_text().split("window.ABS_REPORT = ", 1)[1].split(";</script>", 1)[0])
     assert [(p["name"], p["job"]["restarts"]) for p in data["pipelines"]] == [("other", 2), ("read", 0)]
+    # a pipeline without statistics (restored finished from a savepoint: not run again) is
+    # left out and said, not the end of the report; a damaged one still fails it
+    (d / "pipeline-other" / "_job_stats.json").unlink()
+    assert main(["report", str(d), "--output", str(out)]) == 0
+    assert "no statistics for pipeline-other" in capsys.readouterr().err
+    data = json.loads(out.read_text().split("window.ABS_REPORT = ", 1)[1].split(";</script>", 1)[0])
+    assert [p["name"] for p in data["pipelines"]] == ["read"]
+    (d / "pipeline-read" / "_job_stats.json").write_text("{not json")
+    assert main(["report", str(d), "--output", str(out)]) == 2
+    assert "is not JSON" in capsys.readouterr().err
 
 
 def test_list_marks_invalid_checkpoints(ckdir, capsys):
@@ -532,6 +542,7 @@ def test_show_counts_a_joins_buffered_records_and_sizes_every_kind_of_state(tmp_
     assert summary["keys"]["kind"] == "joins" and summary["timers"]["kind"] == "timers"
     by_kind = doc["by_kind"]
     assert by_kind["joins"] == summary["keys"]["bytes"] and by_kind["timers"] == summary["timers"]["bytes"]
+    assert by_kind["watermarks"] == summary["watermark"]["bytes"] > 0
     assert by_kind["sources"] > 0 and by_kind["sinks"] > 0 and "channel state" not in by_kind  # aligned
     assert main(["checkpoints", "show", ck]) == 0
     text = capsys.readouterr().out

@@ -104,7 +104,8 @@ def test_missing_planted_large_and_foreign_files_are_refused(tmp_path) -> None: 
     with pytest.raises(CheckpointError) as e:
         store.read_stats(str(tmp_path))
     assert e.value.reason is CheckpointErrorReason.TOO_LARGE
-    for bad in (b"{not json", b'{"version": 2, "job": {}, "checkpoints": {}, "details": {}}', b"[1, 2]"):
+    for bad in (b"{not json", b'{"version": 2, "job": {}, "checkpoints": {}, "details": {}}', b"[1, 2]",
+                b'{"version": 1, "job": {"duration": NaN}, "checkpoints": {}, "details": {}}'):  # (no report could inline it)
         (tmp_path / store.STATS_FILE).write_bytes(bad)
         with pytest.raises(CheckpointError) as e:
             store.read_stats(str(tmp_path))
