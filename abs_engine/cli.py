@@ -223,7 +223,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     }
     # (the channels' in-flight records: back-edge logs, and an unaligned checkpoint's channel state)
     doc["by_kind"] = state_summary.by_kind(
-        [(kinds.get(op, ""), s) for info in doc["tasks"].values() for op, s in info["summary"].items()],
+        [s for info in doc["tasks"].values() for s in info["summary"].values()],
         sum(len(codec.pack(records)) for s in snapshots.values() for records in s.logs.values()))
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the savepoint")
     sp.set_defaults(fn=cmd_savepoint)
     rp = sub.add_parser("report", help="write a self-contained HTML report of the job whose checkpoints are in DIR")
-    rp.add_argument("dir", help="the job's checkpoint directory (it holds _job_stats.json)")
+    rp.add_argument("dir", help="the job's checkpoint directory (it holds _job_stats.json, or a job of pipelines "
+                                "one per pipeline-<name>/: a tab each)")
     rp.add_argument("-o", "--output", help="the HTML file to write (default: DIR/report.html for a local DIR, "
                                            "else ./report.html)")
     rp.set_defaults(fn=cmd_report)

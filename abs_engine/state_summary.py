@@ -45,13 +45,13 @@ def kind_of(kind: str, part: str) -> str:
     return {"source": "sources", "sink": "sinks"}.get(kind.split(" ", 1)[0], "operators")
 
 
-def by_kind(summaries: list[tuple[str, dict[str, Any]]], channel_bytes: int) -> dict[str, int]:
-    """Bytes per kind of state over (operator kind, ``summary``) pairs, plus the in-flight
-    channel state's; kinds with nothing are left out."""
+def by_kind(summaries: list[dict[str, Any]], channel_bytes: int) -> dict[str, int]:
+    """Bytes per kind of state over ``summary`` results (each part says its kind), plus the
+    in-flight channel state's; kinds with nothing are left out."""
     out = dict.fromkeys(KINDS, 0)
-    for kind, parts in summaries:
+    for parts in summaries:
         for e in parts.values():
-            out[e.get("kind") or kind_of(kind, "")] += int(e.get("bytes", 0))
+            out[e["kind"]] += int(e["bytes"])
     out["channel state"] += channel_bytes
     return {k: v for k, v in out.items() if v}
 

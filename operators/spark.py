@@ -124,8 +124,8 @@ class SparkSource(Source[Any]):
             raise InputError(
                 "this SparkSource's DataFrame stayed in the process that made it: a supervised driver "
                 "(supervise=True) runs in a process of its own and cannot be handed a DataFrame or a session. "
-                "Read the input with SparkSource.text/csv/parquet and no spark= (the driver reads it again with "
-                "its own embedded session), or run without supervise")
+                "Read the input with SparkSource.text/csv/parquet and no spark= (the driver reads it with its "
+                "own embedded session), or run without supervise")
         what, path, reader = self._recipe
         return _read_with(spark_session.embedded_session(), what, path, reader)
 

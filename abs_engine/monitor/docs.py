@@ -80,14 +80,12 @@ def pipeline(name: str, tr: "JobTracker") -> dict[str, Any]:
     """One pipeline's line of ``/api/pipelines``: its state and what tells it from the
     others (its restarts, checkpoints and progress are its own). Takes the tracker's lock."""
     with tr.lock:
-        counts = tr.history.counts
+        n = counts(tr)
         latest = tr.history.completed[-1].checkpoint_id if tr.history.completed else None
         return {"name": name, "state": tr.state.value, "attempt": tr.attempt, "restarts": tr.restarts,
                 "vertices": [c.name for c in tr.plan.chains], "tasks": len(tr.tasks),
                 "source_records": tr.source_records, "watermark": watermarks(tr)["job"],
-                "checkpoints": {"completed": counts.get(CheckpointStatus.COMPLETED, 0),
-                                "expired": counts.get(CheckpointStatus.FAILED, 0),
-                                "aborted": counts.get(CheckpointStatus.ABORTED, 0), "in_progress": len(tr.pending),
+                "checkpoints": {**{k: n[k] for k in ("completed", "expired", "aborted", "in_progress")},
                                 "latest_completed": latest}}
 
 
@@ -211,21 +209,24 @@ def _pending_subtasks(tr: "JobTracker", acked: dict[str, SubtaskStat]) -> list[d
     return sorted(out, key=lambda d: (d["vertex"], d["index"]))
 
 
+def counts(tr: "JobTracker") -> dict[str, int]:
+    """The checkpoints by status. ("failed" as Flink counts it: every checkpoint that did not
+    complete; "expired" and "aborted" split it, as the history's statuses do.)"""
+    by = tr.history.counts
+    completed, expired, aborted = (by.get(s, 0) for s in (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED,
+                                                          CheckpointStatus.ABORTED))
+    return {"restored": tr.restored, "total": completed + expired + aborted + len(tr.pending),
+            "in_progress": len(tr.pending), "completed": completed, "failed": expired + aborted,
+            "expired": expired, "aborted": aborted}
+
+
 def checkpoints(tr: "JobTracker") -> dict[str, Any]:
     completed, failed = tr.history.completed[-KEEP_CHECKPOINT_STATS:], tr.history.failed
     savepoints = [s for s in completed if s.mode == "savepoint"]
-    counts = tr.history.counts
-    n_completed = counts.get(CheckpointStatus.COMPLETED, 0)
-    n_failed = counts.get(CheckpointStatus.FAILED, 0) + counts.get(CheckpointStatus.ABORTED, 0)
     history = [_pending_entry(tr, c) for c in sorted(tr.pending, reverse=True)]
     history += [entry(s) for s in reversed(tr.history.ended()[-HISTORY:])]
     return {
-        # ("failed" as Flink counts it: every checkpoint that did not complete; "expired" and
-        # "aborted" split it, as the history's statuses do)
-        "counts": {"restored": tr.restored, "total": n_completed + n_failed + len(tr.pending),
-                   "in_progress": len(tr.pending), "completed": n_completed, "failed": n_failed,
-                   "expired": counts.get(CheckpointStatus.FAILED, 0),
-                   "aborted": counts.get(CheckpointStatus.ABORTED, 0)},
+        "counts": counts(tr),
         "summary": {
             "end_to_end_duration": _summary([s.duration_ms for s in completed]),
             "state_size": _summary([s.state_size for s in completed]),

@@ -180,7 +180,6 @@ class TaskMetrics:
     unit: str = ""
     position: str = ""
 
-
     def stat(self) -> TaskStat:
         """What ``JobResult.tasks`` keeps of it."""
         return TaskStat(self.vertex, self.index, self.records_in, self.records_out, self.watermark, self.late,

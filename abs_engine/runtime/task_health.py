@@ -67,9 +67,8 @@ def held(task: Any) -> tuple[int, int, int]:
 
 def progress_of(task: Any) -> tuple[int, int, str, str]:
     """A source task's (left, total, unit, position) (``task``: a task or its chain, whichever
-    holds ``source``): -1 for a count not known, unit ""
-    when the source says nothing (or its answer raised, read mid-change: the next
-    heartbeat asks again)."""
+    holds ``source``): -1 for a count not known, unit "" when the source says nothing (or its
+    answer raised, read mid-change: the next heartbeat asks again)."""
     source = getattr(task, "source", None)
     try:
         p = source.progress() if source is not None else None
