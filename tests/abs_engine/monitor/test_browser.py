@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 
 from abs_engine import cli
+from tests.abs_engine.executors.procs import wait_for
+from tests.abs_engine.monitor import dashboard_job
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -111,10 +113,20 @@ def test_dashboard_of_a_running_job_and_its_report(browser, tmp_path: Path) -> N
                                ".replace(/,/g, '')) >= 2", timeout=60_000)
         assert page.locator("#job-graph").count() == 1 and number(page, "#restart-count") == 0
         # event time and health: the windows' watermark moves, the late record and the skipped
-        # one show in the task table as the API has them, and the watermark-lag chart is drawn
+        # one show in the task table as the API has them, and the watermark-lag chart is drawn.
+        # The sources hold before the late record until every windows task's watermark has
+        # passed its window (dashboard_job's docstring): then it is late whatever the timing.
+        def held_watermarks() -> list[float] | None:
+            wms = [t["watermark"] for t in api(url, "/api/job")["tasks"] if t["vertex"] == "windows"]
+            return wms if len(wms) == 2 and all(w is not None and w >= dashboard_job.WINDOW for w in wms) else None
+
+        held = wait_for(held_watermarks, 60, "the windows' watermarks to pass the late record's window")
+        assert max(held) < dashboard_job.LATE_AT
         watermark = "() => [...document.querySelectorAll('#task-table tbody tr')].filter(r => " \
                     "r.children[1].textContent === 'windows').map(r => r.querySelector('.task-watermark').textContent)"
+        page.wait_for_function(f"() => ({watermark})().every(w => w !== '\u2014')", timeout=60_000)
         first = page.evaluate(watermark)
+        (tmp_path / "gate").touch()
         page.wait_for_function(f"() => ({watermark})().join() !== {json.dumps(','.join(first))} && "
                                f"({watermark})().every(w => w !== '\u2014')", timeout=60_000)
         page.wait_for_function("() => [...document.querySelectorAll('#task-table .task-late')]"
