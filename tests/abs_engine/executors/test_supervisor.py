@@ -198,6 +198,7 @@ def test_sigterm_to_the_supervisor_stops_the_job_with_a_savepoint_and_restarts_n
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env, cwd=root)
     try:
         wait_for(lambda: os.path.isdir(ck) and open_storage(ck).completed_ids(), 60, "a checkpoint")
+        drivers = _drivers(parent=proc.pid)
         proc.send_signal(signal.SIGTERM)
         said, _ = proc.communicate(timeout=90)
     finally:
@@ -205,16 +206,21 @@ def test_sigterm_to_the_supervisor_stops_the_job_with_a_savepoint_and_restarts_n
             proc.kill()
     assert proc.returncode == 0, said
     assert said.strip() == "stopped True True []"
-    assert not [p for p in _all_drivers()]  # the driver ended with it
+    assert len(drivers) == 1 and not set(drivers) & set(_drivers())  # the driver ended with it
 
 
-def _all_drivers() -> list[int]:
+def _drivers(parent: int | None = None) -> list[int]:
+    """Live driver processes (of ``parent``, or of any process: tests running beside this
+    one may have theirs)."""
     out = []
     for name in os.listdir("/proc"):
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
-                if MODULE in f.read() and open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
-                    out.append(int(name))
+                if MODULE not in f.read():
+                    continue
+            state, ppid = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[:2]
+            if state != "Z" and (parent is None or int(ppid) == parent):
+                out.append(int(name))
         except (OSError, ValueError):
             continue
     return out
