@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from . import codec
@@ -136,13 +136,13 @@ class Heartbeat(Message):
     send_s: float = 0.0
     #: Its health (runtime/task_health.py): the watermark (None: no event time), the
     #: process's CPU seconds and resident bytes, the keys and timers its operators hold (-1:
-    #: not known) and the late records its windows met, this attempt.
+    #: not known) and the late records its windows met this attempt, by operator name.
     watermark: float | None = None
     cpu_s: float = 0.0
     rss: int = 0
     keys: int = -1
     timers: int = -1
-    late: int = 0
+    late: dict[str, int] = field(default_factory=dict)
     #: A source task's progress (operators/progress.py): units left to read and in the
     #: whole input (-1: unbounded or not known), the unit ("": the source does not say)
     #: and its offset as a person reads it.
@@ -205,12 +205,13 @@ class Finished(Message):
     task: str
     records_in: int
     records_out: int
-    #: A source's progress now that it has read all (as Heartbeat's): what a job that ends
-    #: before the next heartbeat keeps in its statistics.
+    #: A source's progress now that it has read all, and the late records by operator (as
+    #: Heartbeat's): what a job that ends before the next heartbeat keeps in its statistics.
     left: int = -1
     total: int = -1
     unit: str = ""
     position: str = ""
+    late: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,7 @@ class AttemptDriver:
         the rest (statistics, the result, failures) handled here."""
         if isinstance(msg, messages.Finished):
             self.tracker.task_finished(msg.task, msg.records_in, msg.records_out,
-                                       (msg.left, msg.total, msg.unit, msg.position))
+                                       (msg.left, msg.total, msg.unit, msg.position), msg.late)
             if msg.task in self.coord.source_tasks:
                 self.sources.report(msg.task, msg.records_in)
         routed = route(self.coord, msg)
@@ -244,7 +244,7 @@ class AttemptDriver:
             self.tracker.latency_reported(msg.ms)
         elif isinstance(msg, messages.Skipped):
             self.result.skipped_records += 1
-            self.tracker.record_skipped(msg.task)
+            self.tracker.record_skipped(msg.task, msg.operator)
             if self.result.skipped_records <= 100:
                 self.log(f"operator {msg.operator!r} skipped a record (on_error='skip'): {msg.error}; "
                          f"record: {msg.record}")

@@ -70,6 +70,7 @@ def job(tr: "JobTracker") -> dict[str, Any]:
                    "backpressure": _num(t.backpressure), **health(t)} for k, t in tr.tasks.items()],
         "watermarks": watermarks(tr),
         "sources": sources(tr),
+        "operators": operators(tr),
         "throughput": None,  # the caller fills it in: throughput()
         "recoveries": [recovery(r) for r in tr.recoveries],
         "latency": latency(tr.latency.last(now), tr.latency.run()),
@@ -94,6 +95,7 @@ def health(t: Any) -> dict[str, Any]:
     return {"watermark": None if t.watermark is None else _num(t.watermark), "cpu_seconds": _num(t.cpu_s),
             "rss_bytes": t.rss or None, "keys": None if t.keys < 0 else t.keys,
             "timers": None if t.timers < 0 else t.timers, "late_records": t.late, "skipped_records": t.skipped,
+            "late_by_operator": dict(t.late_by_operator), "skipped_by_operator": dict(t.skipped_by_operator),
             "progress": None if not t.unit else {"left": None if t.left < 0 else t.left,
                                                  "total": None if t.total < 0 else t.total, "unit": t.unit,
                                                  "position": t.position}}
@@ -118,6 +120,21 @@ def sources(tr: "JobTracker") -> dict[str, Any]:
         done = None if left is None or total_ is None else max(0, total_ - left)
         out[c.name] = {"unit": units.pop(), "left": left, "total": total_, "done": done,
                        "fraction": None if done is None or not total_ else _num(min(1.0, done / total_))}
+    return out
+
+
+def operators(tr: "JobTracker") -> list[dict[str, Any]]:
+    """Every operator of the plan (a chain's source first), in plan order, with its vertex
+    and the late records it met and the records it skipped, its subtasks' together; after a
+    chain's operators, its out-edges' key functions that skipped records (``key_by(...)``)."""
+    out = []
+    for c in tr.plan.chains:
+        ts = [t for t in tr.tasks.values() if t.vertex == c.name]
+        edges = sorted({n for t in ts for n in (*t.late_by_operator, *t.skipped_by_operator)} - set(c.operators))
+        for op in (*c.operators, *edges):
+            out.append({"name": op, "vertex": c.name,
+                        "late_records": sum(t.late_by_operator.get(op, 0) for t in ts),
+                        "skipped_records": sum(t.skipped_by_operator.get(op, 0) for t in ts)})
     return out
 
 

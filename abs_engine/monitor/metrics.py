@@ -76,6 +76,12 @@ class _TrackerCollector(Collector):
         bp = GaugeMetricFamily("abs_engine_task_backpressure_ratio", "Share of the last heartbeat interval a task "
                                "spent blocked sending (0..1)", labels=labels)
         health = _health_families(labels)
+        by_op = {"late_by_operator": CounterMetricFamily(
+                     "abs_engine_operator_late_records", "Late records an operator of a task met (every attempt; "
+                     "absent: none)", labels=[*labels, "operator"]),
+                 "skipped_by_operator": CounterMetricFamily(
+                     "abs_engine_operator_skipped_records", "Records an operator of a task skipped "
+                     "(on_error='skip', every attempt; absent: none)", labels=[*labels, "operator"])}
         job_labels = ["job", *extra]
         lat = GaugeMetricFamily("abs_engine_latency_seconds", "Source-to-sink latency (the age of latency "
                                 "markers at the sinks) over the last 30 s: quantile 0.5, 0.99 and 1 (the maximum)",
@@ -93,6 +99,9 @@ class _TrackerCollector(Collector):
                     send.add_metric(v, t.send_s)
                     bp.add_metric(v, t.backpressure)
                     _add_health(health, v, t)
+                    for field, family in by_op.items():
+                        for op, n in getattr(t, field).items():
+                            family.add_metric([*v, op], n)
                 counts = dict(tr.history.counts)
                 last = tr.history.completed[-1] if tr.history.completed else None
                 values: dict[str, float] = {
@@ -113,7 +122,7 @@ class _TrackerCollector(Collector):
                                "abs_engine_checkpoint_last_id": last.checkpoint_id})
             for name, value in values.items():
                 per_job[name].add_metric(p, value)
-        yield from (rin, rout, send, bp, *health.values())
+        yield from (rin, rout, send, bp, *health.values(), *by_op.values())
         if lat.samples:
             yield lat
         yield done

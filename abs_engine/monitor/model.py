@@ -142,6 +142,10 @@ class TaskStat:
     total: int = -1  #: a source's units in the whole input
     unit: str = ""  #: what a source counts ("": it does not say, or not a source)
     position: str = ""  #: a source's offset in words
+    #: ``late_records`` by the name of the operator of its chain that met them (none: left out)
+    late_by_operator: dict[str, int] = field(default_factory=dict)
+    #: ``skipped_records`` by the name of the operator (or source, or key function) that skipped them
+    skipped_by_operator: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -163,16 +167,17 @@ class TaskMetrics:
     #: Its health, as its last heartbeat said (runtime/task_health.py): the event-time
     #: watermark (None: none), its process's CPU seconds and resident bytes, the keys and
     #: timers its operators hold (-1: not known), the late records its windows met and the
-    #: records its operators skipped (on_error="skip"), both over every attempt (a record
-    #: met again after a restore counts again, as ``JobResult.skipped_records`` counts it).
+    #: records its operators skipped (on_error="skip"), both by operator name and over every
+    #: attempt (a record met again after a restore counts again, as
+    #: ``JobResult.skipped_records`` counts it).
     watermark: float | None = None
     cpu_s: float = 0.0
     rss: int = 0
     keys: int = -1
     timers: int = -1
-    late: int = 0
-    late_base: int = 0  #: the late records of earlier attempts
-    skipped: int = 0
+    late_by_operator: dict[str, int] = field(default_factory=dict)
+    late_base: dict[str, int] = field(default_factory=dict)  #: the late records of earlier attempts
+    skipped_by_operator: dict[str, int] = field(default_factory=dict)
     #: A source task's progress, as its last heartbeat said (messages.Heartbeat): units left
     #: and in all (-1: unbounded or not known), the unit ("": none said), the offset in words.
     left: int = -1
@@ -180,11 +185,29 @@ class TaskMetrics:
     unit: str = ""
     position: str = ""
 
+    @property
+    def late(self) -> int:
+        """Late records its operators met, every attempt."""
+        return sum(self.late_by_operator.values())
+
+    @property
+    def skipped(self) -> int:
+        """Records its operators skipped, every attempt."""
+        return sum(self.skipped_by_operator.values())
+
+    def set_late(self, this_attempt: dict[str, int]) -> None:
+        """A report of this attempt's late records by operator (a heartbeat's, or the task's
+        last); the totals never go back (a report overtaken by a later one is ignored)."""
+        for name in set(this_attempt) | set(self.late_base):
+            n = self.late_base.get(name, 0) + this_attempt.get(name, 0)
+            if n > self.late_by_operator.get(name, 0):
+                self.late_by_operator[name] = n
+
     def stat(self) -> TaskStat:
         """What ``JobResult.tasks`` keeps of it."""
         return TaskStat(self.vertex, self.index, self.records_in, self.records_out, self.watermark, self.late,
                         self.skipped, self.keys, self.timers, self.cpu_s, self.rss, self.left, self.total,
-                        self.unit, self.position)
+                        self.unit, self.position, dict(self.late_by_operator), dict(self.skipped_by_operator))
 
 
 @dataclass

@@ -95,7 +95,7 @@ class JobTracker:
             self.attempt = attempt
             for t in self.tasks.values():
                 t.base = (t.records_in, t.records_out, t.send_s)
-                t.late_base = t.late
+                t.late_base = dict(t.late_by_operator)
                 t.status, t.pid, t.last = "DEPLOYING", None, None
                 t.in_rate = t.out_rate = t.backpressure = 0.0
             if restored_from is not None:
@@ -142,7 +142,7 @@ class JobTracker:
         with self.lock:
             t = self.tasks[hb.task]
             t.watermark, t.cpu_s, t.rss, t.keys, t.timers = hb.watermark, hb.cpu_s, hb.rss, hb.keys, hb.timers
-            t.late = t.late_base + hb.late
+            t.set_late(_counts(hb.late))
             t.left, t.total, t.unit, t.position = hb.left, hb.total, hb.unit, hb.position
 
     def task_stats(self) -> dict[str, TaskStat]:
@@ -150,10 +150,12 @@ class JobTracker:
         with self.lock:
             return {k: t.stat() for k, t in self.tasks.items()}
 
-    def record_skipped(self, task: str) -> None:
+    def record_skipped(self, task: str, operator: str) -> None:
+        """Operator ``operator`` of ``task`` skipped a record (a Skipped message)."""
         with self.lock:
             self.version += 1
-            self.tasks[task].skipped += 1
+            by_op = self.tasks[task].skipped_by_operator
+            by_op[operator] = by_op.get(operator, 0) + 1
 
     def latency_reported(self, age_ms: float) -> None:
         """A sink's report of a latency marker's age (runtime/latency.py)."""
@@ -166,14 +168,17 @@ class JobTracker:
             return self.latency.run()
 
     def task_finished(self, task: str, records_in: int, records_out: int,
-                      progress: tuple[int, int, str, str] = (-1, -1, "", "")) -> None:
-        """The task read or received all its input; ``progress``: a source's, then."""
+                      progress: tuple[int, int, str, str] = (-1, -1, "", ""),
+                      late: dict[str, int] | None = None) -> None:
+        """The task read or received all its input; ``progress``: a source's, then;
+        ``late``: the late records its operators met this attempt, by name."""
         with self.lock:
             self.version += 1
             t = self.tasks[task]
             t.status = "FINISHED"
             if progress[2]:
                 t.left, t.total, t.unit, t.position = progress
+            t.set_late(_counts(late or {}))
             t.in_rate = t.out_rate = t.backpressure = 0.0
             self._set_counts(t, records_in, records_out, t.send_s - t.base[2])
 
@@ -370,3 +375,9 @@ class JobTracker:
 
 def _ms(t: float) -> int:
     return int(t * 1000)
+
+
+def _counts(by_name: dict[str, int]) -> dict[str, int]:
+    """A worker's counts by operator name, each a non-negative int (the message's decoder
+    checks only that it is a map)."""
+    return {str(k)[:200]: v for k, v in by_name.items() if type(v) is int and v >= 0}

@@ -19,7 +19,7 @@ from .. import codec, messages
 from .chain import Chain, record_repr
 from .control import ControlLink
 from .output import Output
-from .task_health import progress_of
+from .task_health import late_by_operator, progress_of
 
 __all__ = ["Emitter"]
 
@@ -100,4 +100,5 @@ class Emitter:
         for out in self.outputs:
             out.broadcast(end)
         self.finished = True
-        self.control.send(messages.Finished(self.task, records_in, self.records_out, *progress_of(self.chain)))
+        self.control.send(messages.Finished(self.task, records_in, self.records_out, *progress_of(self.chain),
+                                            late_by_operator(self.chain)))

@@ -47,12 +47,12 @@ def watermark_of(task: Any) -> float | None:
     return None if w in (MIN_WATERMARK, MAX_WATERMARK) else float(w)
 
 
-def held(task: Any) -> tuple[int, int, int]:
-    """(keys, timers, late records) of the task's operators; -1 where not known now."""
-    keys = timers = late = 0
+def held(task: Any) -> tuple[int, int, dict[str, int]]:
+    """(keys, timers, late records by operator name) of the task's operators; -1 where not
+    known now; an operator that met no late record is left out of the map."""
+    keys = timers = 0
     unknown = False
     for op in getattr(task.chain, "ops", []):
-        late += int(getattr(op, "late_records", 0))
         state = op.keyed_state() if hasattr(op, "keyed_state") else getattr(op, "state", None)
         if isinstance(state, dict) and op.state_layout is not None:
             keys += len(state)
@@ -62,7 +62,17 @@ def held(task: Any) -> tuple[int, int, int]:
                 timers += len(service)
             except RuntimeError:  # resized by the task thread while counted
                 unknown = True
-    return keys, -1 if unknown else timers, late
+    return keys, -1 if unknown else timers, late_by_operator(task.chain)
+
+
+def late_by_operator(chain: Any) -> dict[str, int]:
+    """The late records each operator of ``chain`` met this attempt, by its name; an
+    operator that met none is left out."""
+    late: dict[str, int] = {}
+    for name, op in zip(getattr(chain, "names", []), getattr(chain, "ops", [])):
+        if n := int(getattr(op, "late_records", 0)):
+            late[name] = late.get(name, 0) + n
+    return late
 
 
 def progress_of(task: Any) -> tuple[int, int, str, str]:
@@ -82,6 +92,6 @@ def progress_of(task: Any) -> tuple[int, int, str, str]:
 
 def measure(task: Any) -> tuple[Any, ...]:
     """The heartbeat's health fields, in messages.Heartbeat's order: watermark, cpu seconds,
-    rss bytes, keys, timers, late records, then the source's progress (``progress_of``)."""
+    rss bytes, keys, timers, late records by operator, then the source's progress (``progress_of``)."""
     keys, timers, late = held(task)
     return (watermark_of(task), cpu_seconds(), rss_bytes(), keys, timers, late, *progress_of(task))

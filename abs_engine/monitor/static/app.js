@@ -153,6 +153,14 @@
 
   function clear(e) { while (e.firstChild) { e.removeChild(e.firstChild); } }
 
+  /** A tooltip naming the operators of a task's chain behind a count: "check: 1 skipped". */
+  function byOperator(counts, what) {
+    var c = obj(counts);
+    return Object.keys(c).filter(function (k) { return isNum(c[k]) && c[k] > 0; }).sort().map(function (k) {
+      return k + ": " + fmtInt(c[k]) + " " + what;
+    }).join("\n");
+  }
+
   function td(text, cls, title) {
     return h("td", { "class": cls || null, title: title || null }, text);
   }
@@ -961,8 +969,8 @@
       tr.appendChild(bp);
       // Health (runtime/task_health.py): absent (null) while not known, shown as a dash.
       tr.appendChild(td(isNum(t.watermark) ? fmtNum(t.watermark) : DASH, "num task-watermark"));
-      tr.appendChild(td(fmtInt(t.late_records), "num task-late"));
-      tr.appendChild(td(fmtInt(t.skipped_records), "num task-skipped"));
+      tr.appendChild(td(fmtInt(t.late_records), "num task-late", byOperator(t.late_by_operator, "late")));
+      tr.appendChild(td(fmtInt(t.skipped_records), "num task-skipped", byOperator(t.skipped_by_operator, "skipped")));
       tr.appendChild(td(fmtInt(t.keys), "num task-keys"));
       tr.appendChild(td(fmtInt(t.timers), "num task-timers"));
       tr.appendChild(td(isNum(t.cpu_seconds) ? oneFmt.format(t.cpu_seconds) + " s" : DASH, "num task-cpu"));

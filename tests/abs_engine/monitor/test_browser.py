@@ -135,6 +135,12 @@ def test_dashboard_of_a_running_job_and_its_report(browser, tmp_path: Path) -> N
                                ".some(c => c.textContent === '1')", timeout=60_000)
         job = api(url, "/api/job")
         assert sum(t["skipped_records"] for t in job["tasks"]) >= 1 and job["watermarks"]["job"] is not None
+        # by operator: the skip was the map "checked", chained into the source's task
+        titles = "() => [...document.querySelectorAll('#task-table .task-skipped, #task-table .task-late')]" \
+                 ".map(c => c.title).filter(t => t).sort()"
+        page.wait_for_function(f"() => ({titles})().join('|') === 'checked: 1 skipped|windows: 1 late'", timeout=30_000)
+        assert {(o["name"], o["late_records"], o["skipped_records"]) for o in job["operators"]} >= {
+            ("checked", 0, 1), ("windows", 1, 0)}
         assert page.locator("#chart-wm canvas").count() >= 1
         assert all(c != "\u2014" for c in page.locator("#task-table .task-cpu").all_text_contents())
         # the sources' progress: the job's "input read" and each source task's records left

@@ -40,6 +40,7 @@ class _Window:
 
 
 class _Chain:
+    names = ["win", "map"]
     ops = [_Window(), object()]
 
 
@@ -50,7 +51,7 @@ class _Task:
 
 def test_measure_reads_the_task_without_changing_it() -> None:
     watermark, cpu, rss, keys, timers, late, *progress = task_health.measure(_Task())
-    assert (watermark, keys, timers, late) == (41.0, 3, 7, 2)
+    assert (watermark, keys, timers, late) == (41.0, 3, 7, {"win": 2})  # by operator: none for the map
     assert cpu > 0 and rss > 1 << 20
     assert progress == [-1, -1, "", ""]  # not a source
 
@@ -87,11 +88,12 @@ def test_a_count_read_while_it_changes_is_unknown_not_wrong() -> None:
     resized.timers = _Resized()  # type: ignore[assignment]
 
     class Chain:
+        names = ["first", "second"]
         ops = [resized, _Window()]
 
     task = _Task()
     task.chain = Chain()  # type: ignore[assignment]
-    assert task_health.held(task) == (6, -1, 4)
+    assert task_health.held(task) == (6, -1, {"first": 2, "second": 2})
 
 
 def run_held(flow: Dataflow, tmp_path: Path, ready: Any) -> tuple[JobResult, dict[str, Any], Any]:
@@ -149,6 +151,13 @@ def test_the_api_and_metrics_show_watermarks_late_and_skipped_records_keys_timer
         assert (kept.vertex, kept.late_records, kept.skipped_records, kept.keys, kept.timers, kept.watermark) == (
             t["vertex"], t["late_records"], t["skipped_records"], t["keys"], t["timers"], t["watermark"]), t["id"]
     assert res.tasks["win#0"].late_records == 1 and sum(s.skipped_records for s in res.tasks.values()) == 1
+    # by operator: the skip was the map's, chained behind the source; the late record the windows'
+    assert (res.tasks["read#0"].skipped_by_operator, res.tasks["win#0"].late_by_operator) == ({"check": 1}, {"win": 1})
+    assert {t["id"]: (t["late_by_operator"], t["skipped_by_operator"]) for t in job["tasks"]} == {
+        k: (s.late_by_operator, s.skipped_by_operator) for k, s in res.tasks.items()}
+    assert [(o["name"], o["vertex"], o["late_records"], o["skipped_records"]) for o in job["operators"]] == [
+        ("read", "read", 0, 0), ("check", "read", 0, 1), ("win", "win", 1, 0), ("out", "out", 0, 0),
+        ("win_late", "win_late", 0, 0), ("late", "win_late", 0, 0)]  # (the side output's own vertex)
     [win] = [t for t in job["tasks"] if t["vertex"] == "win"]
     assert (win["keys"], win["timers"]) == (10, 10)  # the windows [90, 100), one per key, each with its timer
     assert res.skipped_records == 1
@@ -160,6 +169,8 @@ def test_the_api_and_metrics_show_watermarks_late_and_skipped_records_keys_timer
     assert m[("abs_engine_task_late_records_total", labels)] == 1
     assert m[("abs_engine_task_keys", labels)] == 10 and m[("abs_engine_task_timers", labels)] == 10
     assert sum(v for (name, _), v in m.items() if name == "abs_engine_task_skipped_records_total") == 1
+    assert {(name, dict(ls)["operator"]): v for (name, ls), v in m.items() if name.startswith("abs_engine_operator_")} \
+        == {("abs_engine_operator_late_records_total", "win"): 1, ("abs_engine_operator_skipped_records_total", "check"): 1}
     assert m[("abs_engine_task_resident_bytes", labels)] > 1 << 20
 
 

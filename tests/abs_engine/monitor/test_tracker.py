@@ -163,3 +163,23 @@ def test_history_and_subtask_details_are_bounded(tmp_path) -> None:  # type: ign
     assert len(tr.checkpoints_doc()["history"]) == docs.HISTORY
     assert set(tr.report_doc()["details"]) == {str(c) for c in with_details}
     assert tr.checkpoint_doc(1) is None and tr.checkpoints_doc()["counts"]["completed"] == n
+
+
+def test_late_and_skipped_records_are_kept_by_operator_across_attempts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Late records add up over attempts (each attempt's operators count from zero), a
+    heartbeat overtaken by the task's Finished never lowers them, and a key function's skip
+    is listed after its chain's operators."""
+    p = plan(tmp_path)
+    tr = JobTracker(p, "aligned", 1.0, Clock())
+    tr.attempt_started(0, None)
+    tr.task_health(messages.Heartbeat("count#0", 0, 0, late={"count": 3}))
+    tr.record_skipped("read#1", "key_by(k) of 'count'")
+    tr.attempt_started(1, 1)
+    tr.task_finished("count#0", 5, 5, late={"count": 2})
+    tr.task_health(messages.Heartbeat("count#0", 0, 0, late={"count": 1}))  # older than the Finished
+    tr.record_skipped("count#1", "count")
+    stats = tr.task_stats()
+    assert stats["count#0"].late_by_operator == {"count": 5} and stats["count#0"].late_records == 5
+    assert stats["count#1"].skipped_by_operator == {"count": 1}
+    assert [(o["name"], o["late_records"], o["skipped_records"]) for o in docs.operators(tr)] == [
+        ("read", 0, 0), ("key_by(k) of 'count'", 0, 1), ("count", 5, 1), ("out", 0, 0)]
