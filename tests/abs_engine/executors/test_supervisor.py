@@ -22,26 +22,27 @@ from abs_engine.executors import result_data, supervisor
 from abs_engine.testing import CapturingSink, GatedSource
 from operators.generators import RangeSource
 
-from .procs import run_in_thread, wait_for
+from .procs import gone, run_in_thread, wait_for
 
 N = 40_000
 MODULE = b"abs_engine.executors.supervised"
 
 
-def drivers() -> list[int]:
-    """The live supervised drivers this process started."""
+def drivers(parent: int | None = None) -> list[int]:
+    """The live supervised drivers this process (or ``parent``) started."""
+    parent = os.getpid() if parent is None else parent
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat") as f:
-                state, parent = f.read().rsplit(")", 1)[1].split()[:2]
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 cmd = f.read()
         except OSError:
             continue
-        if int(parent) == os.getpid() and state != "Z" and MODULE in cmd:
+        if int(ppid) == parent and state != "Z" and MODULE in cmd:
             out.append(int(name))
     return out
 
@@ -198,7 +199,7 @@ def test_sigterm_to_the_supervisor_stops_the_job_with_a_savepoint_and_restarts_n
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env, cwd=root)
     try:
         wait_for(lambda: os.path.isdir(ck) and open_storage(ck).completed_ids(), 60, "a checkpoint")
-        drivers = _drivers(parent=proc.pid)
+        mine = drivers(parent=proc.pid)
         proc.send_signal(signal.SIGTERM)
         said, _ = proc.communicate(timeout=90)
     finally:
@@ -206,24 +207,8 @@ def test_sigterm_to_the_supervisor_stops_the_job_with_a_savepoint_and_restarts_n
             proc.kill()
     assert proc.returncode == 0, said
     assert said.strip() == "stopped True True []"
-    assert len(drivers) == 1 and not set(drivers) & set(_drivers())  # the driver ended with it
+    assert len(mine) == 1 and all(gone(pid) for pid in mine)  # the driver ended with it
 
-
-def _drivers(parent: int | None = None) -> list[int]:
-    """Live driver processes (of ``parent``, or of any process: tests running beside this
-    one may have theirs)."""
-    out = []
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                if MODULE not in f.read():
-                    continue
-            state, ppid = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[:2]
-            if state != "Z" and (parent is None or int(ppid) == parent):
-                out.append(int(name))
-        except (OSError, ValueError):
-            continue
-    return out
 
 
 @pytest.mark.slow
