@@ -292,11 +292,12 @@ def test_an_idle_split_does_not_stall_the_windows(tmp_path):
 
 
 class ThenWait(Source[Any]):
-    """Reads ``records`` in one batch, then nothing until ``gate`` exists (failing the job
-    after 60 s: a job that waits on a gate nobody opens must not hang the test), then ends."""
+    """Reads ``records`` in one batch, then nothing until every file of ``gates`` exists
+    (failing the job after 60 s: a job that waits on a gate nobody opens must not hang the
+    test), then ends."""
 
-    def __init__(self, records: list[Any], gate: str):
-        self.records, self.gate = records, gate
+    def __init__(self, records: list[Any], gates: list[str]):
+        self.records, self.gates = records, gates
 
     def open(self, ctx: Any) -> None:
         super().open(ctx)
@@ -306,7 +307,7 @@ class ThenWait(Source[Any]):
         if not self.done:
             self.done = True
             return self.records if self.ctx.subtask_index == 0 else []
-        if os.path.exists(self.gate):
+        if all(os.path.exists(g) for g in self.gates):
             return None
         if time.monotonic() - self.began > 60:
             raise RuntimeError("the gate never opened: a processing-time timer never fired")
@@ -334,16 +335,19 @@ class CountThenReport(KeyedTimedProcess):
 
 def test_restored_processing_time_timers_fire_without_new_records(tmp_path):
     """Workers are killed while every key's processing-time timer is pending and no record
-    will come again: the restored timers must fire by themselves, once each."""
+    will come again: the restored timers must fire by themselves, once each. The source
+    ends only once every key has reported: a processing-time timer still pending at the end
+    of input does not fire (as in Flink), and the two report subtasks' timers are due a few
+    milliseconds apart."""
     recs = [(f"k{i % 5}", i) for i in range(200)]
-    gate = str(tmp_path / "gate")
+    gates = [str(tmp_path / f"reported-k{i}") for i in range(5)]
 
     def open_gate(r: Any) -> Any:
-        open(gate, "w").close()
+        open(str(tmp_path / f"reported-{r[0]}"), "w").close()
         return r
 
     flow = Dataflow("ptimers", parallelism=2)
-    (flow.source(ThenWait(recs, gate)).key_by(_key).apply_keyed(CountThenReport(), "report")
+    (flow.source(ThenWait(recs, gates)).key_by(_key).apply_keyed(CountThenReport(), "report")
      .map(open_gate, "open_gate").sink(CapturingSink(tmp_path / "out"), parallelism=1))
     chaos = KillOnCheckpoints([2], seed=1)
     result = flow.run(chaos=chaos, restart_delay=0, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"))
