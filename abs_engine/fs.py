@@ -85,6 +85,16 @@ def join(location: str, *names: str) -> str:
     return "/".join([head.rstrip("/"), *names]) + sep + query
 
 
+def split(location: str) -> tuple[str, str]:
+    """``(parent, name)`` of a local path or a URI, ``join``'s inverse: a URI's query (its
+    options and credentials) stays on the parent."""
+    if not is_remote(location):
+        return os.path.dirname(local_path(location)), os.path.basename(local_path(location))
+    head, sep, query = location.partition("?")
+    parent, _, name = head.rstrip("/").rpartition("/")
+    return parent + sep + query, name
+
+
 def redact(location: str) -> str:
     """``location`` with credentials in its query or user-info replaced by ``***``."""
     if not is_uri(location):

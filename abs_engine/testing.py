@@ -5,8 +5,10 @@
   ``executor="inprocess"`` a ``SimulatedCrash``) the first time that point is reached, in
   the job's first attempt.
 - ``GatedSource(inner, gate, after)``: ``inner``'s records, but each subtask holds (reads
-  nothing, still takes checkpoints) after ``after`` records until the file ``gate`` exists:
-  a job a test stops half-way (``stop_when``) can never finish first, whatever its speed.
+  nothing, still takes checkpoints) after ``after`` records until the file ``gate`` exists
+  (a local path, or a URI on a store every worker reaches, ``s3://...``, for workers on
+  hosts that share no disk): a job a test stops half-way (``stop_when``) can never finish
+  first, whatever its speed.
 - ``CapturingSink(directory)``: an exactly-once sink (two-phase commit, like FileSink)
   whose committed records you read back with ``records()``.
 - ``fail_at(n, kind)``: a map function that raises (or crashes its own worker, as
@@ -105,8 +107,9 @@ class TestingSource(Source[T]):
 
 
 class GatedSource(WrappingSource[T], Generic[T]):
-    """``inner``'s records; each subtask holds after ``after`` of them until ``gate`` (a file
-    path) exists: it reads nothing meanwhile, but answers triggers, so checkpoints go on.
+    """``inner``'s records; each subtask holds after ``after`` of them until ``gate`` exists:
+    it reads nothing meanwhile, but answers triggers, so checkpoints go on. ``gate`` is a
+    file path, or a URI (``abs_engine.fs``: ``s3://bucket/dir/gate``) polled every 50 ms.
     The offsets are ``inner``'s (a rescale uses its rule); open the gate before a run that
     must read to the end."""
 
@@ -116,11 +119,26 @@ class GatedSource(WrappingSource[T], Generic[T]):
         super().__init__(inner)
         self.gate, self.after = os.fspath(gate), after
         self.read = 0
+        self._open = False  #: the gate was seen open (it is never closed again)
+        self._store: Any = None  #: the gate's directory on a store (made at the first poll)
+
+    def _gate_open(self) -> bool:
+        from . import fs
+
+        if not fs.is_remote(self.gate):
+            return os.path.exists(fs.local_path(self.gate))
+        head, name = fs.split(self.gate)
+        if self._store is None:
+            self._store = fs.Store(head)
+        return bool(self._store.exists(name))
 
     def read_batch(self) -> list[T] | None:
-        if self.read >= self.after and not os.path.exists(self.gate):
-            time.sleep(0.005)  # an idle source polls (as Endless sources do); not synchronisation
-            return []
+        if self.read >= self.after and not self._open:
+            self._open = self._gate_open()
+            if not self._open:
+                # an idle source polls (as Endless sources do); not synchronisation
+                time.sleep(0.05 if self._store is not None else 0.005)
+                return []
         batch = self.inner.read_batch()
         self.read += len(batch or ())
         return batch

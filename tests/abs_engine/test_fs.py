@@ -19,6 +19,13 @@ def test_local_and_remote_locations_are_told_apart(tmp_path):
         fs.local_path("s3://bucket/x?secret_key=hunter2")
 
 
+def test_split_is_joins_inverse_and_keeps_a_uris_query_on_the_parent(tmp_path):
+    uri = "s3://bucket/ck/run?endpoint_override=h:9000&scheme=http"
+    assert fs.split(fs.join(uri, "gate")) == (uri, "gate")
+    assert fs.split(fs.join(str(tmp_path), "gate")) == (str(tmp_path), "gate")
+    assert fs.split(f"file://{tmp_path}/gate") == (str(tmp_path), "gate")
+
+
 def test_credentials_never_appear_in_what_is_shown():
     shown = fs.redact("s3://bucket/ck?access_key=AKIA1&secret_key=hunter2&endpoint_override=h:9000")
     assert "hunter2" not in shown and "AKIA1" not in shown and "endpoint_override=h:9000" in shown

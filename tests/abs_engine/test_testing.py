@@ -138,3 +138,14 @@ def test_gated_source_holds_until_its_gate_opens(tmp_path):
     again.open(OperatorContext("read", 0, 1, 1, True))
     again.restore(state)
     assert again.read_batch() == [6, 7, 8] and again.read_batch() == [9] and again.read_batch() is None
+
+
+def test_a_gate_on_a_store_holds_workers_that_share_no_disk(s3_server):
+    from abs_engine import fs
+
+    gate = fs.join(s3_server("gated"), "gate")
+    src = GatedSource(TestingSource(range(6), batch_size=3), gate, after=3)
+    src.open(OperatorContext("read", 0, 1, 0, False))
+    assert src.read_batch() == [0, 1, 2] and src.read_batch() == []  # held
+    fs.Store(s3_server("gated")).put(("gate",), b"")
+    assert src.read_batch() == [3, 4, 5] and src.read_batch() is None
