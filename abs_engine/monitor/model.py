@@ -185,6 +185,14 @@ class TaskMetrics:
     unit: str = ""
     position: str = ""
 
+    def redeploying(self) -> None:
+        """Its worker is deployed again (a restart of the job or of its region): the new
+        process counts from zero, so the totals so far become the bases."""
+        self.base = (self.records_in, self.records_out, self.send_s)
+        self.late_base = dict(self.late_by_operator)
+        self.status, self.pid, self.last = "DEPLOYING", None, None
+        self.in_rate = self.out_rate = self.backpressure = 0.0
+
     @property
     def late(self) -> int:
         """Late records its operators met, every attempt."""

@@ -94,10 +94,7 @@ class JobTracker:
             self.version += 1
             self.attempt = attempt
             for t in self.tasks.values():
-                t.base = (t.records_in, t.records_out, t.send_s)
-                t.late_base = dict(t.late_by_operator)
-                t.status, t.pid, t.last = "DEPLOYING", None, None
-                t.in_rate = t.out_rate = t.backpressure = 0.0
+                t.redeploying()
             if restored_from is not None:
                 self.restored += 1
                 self.latest_restored = {"id": restored_from, "restore_timestamp": _ms(self.clock()),
@@ -154,8 +151,8 @@ class JobTracker:
         """Operator ``operator`` of ``task`` skipped a record (a Skipped message)."""
         with self.lock:
             self.version += 1
-            by_op = self.tasks[task].skipped_by_operator
-            by_op[operator] = by_op.get(operator, 0) + 1
+            by_op, name = self.tasks[task].skipped_by_operator, operator[:200]
+            by_op[name] = by_op.get(name, 0) + 1
 
     def latency_reported(self, age_ms: float) -> None:
         """A sink's report of a latency marker's age (runtime/latency.py)."""
@@ -261,8 +258,7 @@ class JobTracker:
             self.version += 1
             for task in tasks:
                 if task in self.tasks:
-                    t = self.tasks[task]
-                    t.status, t.pid, t.last = "DEPLOYING", None, None
+                    self.tasks[task].redeploying()
             if self.recoveries and self.recoveries[-1].attempt == self.attempt:
                 self.recoveries[-1] = dataclasses.replace(self.recoveries[-1], restored_from=restored_from)
 

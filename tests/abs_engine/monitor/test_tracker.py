@@ -183,3 +183,18 @@ def test_late_and_skipped_records_are_kept_by_operator_across_attempts(tmp_path)
     assert stats["count#1"].skipped_by_operator == {"count": 1}
     assert [(o["name"], o["late_records"], o["skipped_records"]) for o in docs.operators(tr)] == [
         ("read", 0, 0), ("key_by(k) of 'count'", 0, 1), ("count", 5, 1), ("out", 0, 0)]
+
+
+def test_a_region_restart_keeps_counting_where_the_old_worker_stopped(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A task restarted with its region alone counts from zero in its new process: its
+    records and late records so far are kept and added to, as after a restart of the job."""
+    p = plan(tmp_path)
+    tr = JobTracker(p, "aligned", 1.0, Clock())
+    tr.attempt_started(0, None)
+    tr.task_metrics("count#0", 100, 90, 0.5, 1.0)
+    tr.task_health(messages.Heartbeat("count#0", 100, 90, late={"count": 5}))
+    tr.region_restarting(["count#0"], 1)
+    tr.task_metrics("count#0", 10, 9, 0.1, 2.0)
+    tr.task_health(messages.Heartbeat("count#0", 10, 9, late={"count": 2}))
+    stat = tr.task_stats()["count#0"]
+    assert (stat.records_in, stat.records_out, stat.late_by_operator) == (110, 99, {"count": 7})
