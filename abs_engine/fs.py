@@ -91,6 +91,8 @@ def split(location: str) -> tuple[str, str]:
     if not is_remote(location):
         return os.path.dirname(local_path(location)), os.path.basename(local_path(location))
     head, sep, query = location.partition("?")
+    if not urlsplit(head).path.strip("/"):
+        raise ValueError(f"{redact(location)} names no object below its bucket or host: give a path in it")
     parent, _, name = head.rstrip("/").rpartition("/")
     return parent + sep + query, name
 

@@ -116,8 +116,12 @@ class GatedSource(WrappingSource[T], Generic[T]):
     __test__ = False  # not a pytest test class
 
     def __init__(self, inner: Source[T], gate: str | os.PathLike[str], after: int):
+        from . import fs
+
         super().__init__(inner)
         self.gate, self.after = os.fspath(gate), after
+        fs.split(self.gate)  # a URI that names no object fails here, not in a worker
+        self._remote = fs.is_remote(self.gate)
         self.read = 0
         self._open = False  #: the gate was seen open (it is never closed again)
         self._store: Any = None  #: the gate's directory on a store (made at the first poll)
@@ -125,19 +129,22 @@ class GatedSource(WrappingSource[T], Generic[T]):
     def _gate_open(self) -> bool:
         from . import fs
 
-        if not fs.is_remote(self.gate):
+        if not self._remote:
             return os.path.exists(fs.local_path(self.gate))
         head, name = fs.split(self.gate)
-        if self._store is None:
-            self._store = fs.Store(head)
-        return bool(self._store.exists(name))
+        try:
+            if self._store is None:
+                self._store = fs.Store(head)
+            return bool(self._store.exists(name))
+        except fs.StoreError:  # the store unreachable for now: still closed, asked again
+            return False
 
     def read_batch(self) -> list[T] | None:
         if self.read >= self.after and not self._open:
             self._open = self._gate_open()
             if not self._open:
                 # an idle source polls (as Endless sources do); not synchronisation
-                time.sleep(0.05 if self._store is not None else 0.005)
+                time.sleep(0.05 if self._remote else 0.005)
                 return []
         batch = self.inner.read_batch()
         self.read += len(batch or ())

@@ -119,8 +119,20 @@ class ClusterFault:
         try:
             return self._strike(checkpoint_id, pids)
         finally:
-            head, name = fs.split(self.gate)
-            fs.Store(head).put((name,), b"open")  # the rest of the input: the job has work left till now
+            self._open_gate()  # the rest of the input: the job has had work left till now
+
+    def _open_gate(self) -> None:
+        """Put the gate object; a store that fails a put is asked again (bounded): a gate
+        never opened would hold the job for ever."""
+        head, name = fs.split(self.gate)
+        for attempt in range(10):
+            try:
+                fs.Store(head).put((name,), b"open")
+                return
+            except fs.StoreError as e:
+                print(f"opening the gate failed ({e}); again", file=sys.stderr, flush=True)
+                time.sleep(0.5 * (attempt + 1))  # backing off a store that failed
+        raise RuntimeError(f"could not open the gate {fs.redact(self.gate)}: the job would hold for ever")
 
     def _strike(self, checkpoint_id: int, pids: dict[str, int]) -> str | None:
         if self.fault == "none":
@@ -194,6 +206,8 @@ def run_one(cluster: NetnsCluster, spark: Any, fault_name: str, name: str, args:
         for w in cluster.workers:
             degraded = cluster.degrade(w.name, args.delay_ms, args.loss)
     gate = cluster.s3_uri(f"{name}/gate")
+    head, gate_name = fs.split(gate)
+    fs.Store(head).delete_file(gate_name)  # one left by an earlier run of this name would not hold the sources
     fault = ClusterFault(cluster, fault_name, args.after, args.partition_seconds, gate)
     t0 = time.monotonic()
     try:

@@ -24,6 +24,10 @@ def test_split_is_joins_inverse_and_keeps_a_uris_query_on_the_parent(tmp_path):
     assert fs.split(fs.join(uri, "gate")) == (uri, "gate")
     assert fs.split(fs.join(str(tmp_path), "gate")) == (str(tmp_path), "gate")
     assert fs.split(f"file://{tmp_path}/gate") == (str(tmp_path), "gate")
+    assert fs.split("s3://bucket/gate/") == ("s3://bucket", "gate")
+    for root in ("s3://bucket", "s3://bucket/", "s3://bucket?region=x"):
+        with pytest.raises(ValueError, match="names no object below its bucket"):
+            fs.split(root)
 
 
 def test_credentials_never_appear_in_what_is_shown():

@@ -149,3 +149,24 @@ def test_a_gate_on_a_store_holds_workers_that_share_no_disk(s3_server):
     assert src.read_batch() == [0, 1, 2] and src.read_batch() == []  # held
     fs.Store(s3_server("gated")).put(("gate",), b"")
     assert src.read_batch() == [3, 4, 5] and src.read_batch() is None
+
+
+def test_a_gate_on_a_store_that_fails_stays_closed_and_a_bucket_is_no_gate(s3_server, monkeypatch):
+    from abs_engine import fs
+
+    answers = iter([fs.StoreError("store down"), False, True])
+
+    def exists(self: fs.Store, *names: str) -> bool:
+        a = next(answers)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    monkeypatch.setattr(fs.Store, "exists", exists)
+    src = GatedSource(TestingSource(range(6), batch_size=3), fs.join(s3_server("down"), "gate"), after=3)
+    src.open(OperatorContext("read", 0, 1, 0, False))
+    assert src.read_batch() == [0, 1, 2]
+    assert src.read_batch() == [] and src.read_batch() == []  # down, then closed: held, the task lives
+    assert src.read_batch() == [3, 4, 5]
+    with pytest.raises(ValueError, match="names no object"):
+        GatedSource(TestingSource(range(6)), "s3://bucket/", after=3)  # when the flow is built
