@@ -264,7 +264,8 @@ MESSAGE_STRATEGIES: dict[type[messages.Message], st.SearchStrategy[Any]] = {
         logged=st.integers(0, 2**63 - 1),
         finished=st.booleans(),
     ),
-    messages.Finished: st.builds(messages.Finished, task=text, records_in=i64, records_out=i64),
+    messages.Finished: st.builds(messages.Finished, task=text, records_in=i64, records_out=i64,
+                                 late=st.dictionaries(text, i64, max_size=3)),
     messages.Progress: st.builds(messages.Progress, task=text, records_in=i64, records_out=i64),
     messages.Committed: st.builds(messages.Committed, task=text),
     messages.InputsEnded: st.builds(messages.InputsEnded, task=text),
@@ -279,7 +280,7 @@ MESSAGE_STRATEGIES: dict[type[messages.Message], st.SearchStrategy[Any]] = {
     messages.Failed: st.builds(messages.Failed, task=text, cause=st.sampled_from(messages.FailureCause),
                                operator=st.none() | text, traceback=text, fatal=st.booleans(),
                                record=text, digest=text, peer=st.none() | text),
-    messages.Heartbeat: st.builds(messages.Heartbeat, task=text),
+    messages.Heartbeat: st.builds(messages.Heartbeat, task=text, late=st.dictionaries(text, i64, max_size=3)),
     messages.Skipped: st.builds(messages.Skipped, task=text, operator=text, record=text, error=text),
     messages.Latency: st.builds(messages.Latency, task=text, ms=st.floats(0, 1e9)),
 }

@@ -210,3 +210,21 @@ def test_a_job_that_ends_keeps_its_sources_read_to_the_end(tmp_path: Path) -> No
             for i in range(2)] == [(0, 200_000, "end")] * 2
     stored = read_stats(str(tmp_path / "ck"))["job"]["sources"]
     assert stored == {"read": {"unit": "records", "left": 0, "total": 200_000, "done": 200_000, "fraction": 1.0}}
+
+
+def test_a_job_that_ends_keeps_its_late_records_by_operator_without_a_heartbeat(tmp_path: Path) -> None:
+    """The in-process executor sends no heartbeat: the late records come with each task's
+    Finished, the skipped ones with their own reports, each under its operator's name."""
+    items = [(f"k{ts % 10}", ts) for ts in range(60)] + [("k0", 5)]  # then one far behind: late
+    flow = Dataflow("ends-late")
+    windows = (flow.source(TestingSource(items, batch_size=10), "read", timestamps=lambda r: r[1],
+                           watermarks=ascending())
+               .map(_skip_seven, "check", on_error="skip")
+               .key_by(lambda r: r[0]).window(TumblingWindows(10), lambda r: r[1])
+               .aggregate(lambda: 0, lambda a, r: a + 1, name="win"))
+    windows.sink(CapturingSink(tmp_path / "out"), "out")
+    windows.late.sink(CapturingSink(tmp_path / "late"), "late")
+    res = flow.run(executor="inprocess", checkpoint_dir=str(tmp_path / "ck"), checkpoint_interval=0.1)
+    assert {k: (s.late_by_operator, s.skipped_by_operator) for k, s in res.tasks.items() if s.late_records
+            or s.skipped_records} == {"read#0": ({}, {"check": 1}), "win#0": ({"win": 1}, {})}
+    assert [tuple(r) for r in CapturingSink(tmp_path / "late").records()] == [("k0", 5)]
