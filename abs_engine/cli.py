@@ -278,6 +278,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         if missing:
             print(f"no statistics for {', '.join(missing)} (not run in this directory): left out of the report",
                   file=sys.stderr)
+        # in the plan's order, as the live dashboard has them (by name where a file does not say)
+        parts.sort(key=lambda d: (d.get("pipeline_id") if isinstance(d.get("pipeline_id"), int) else 1 << 30,
+                                  d["name"]))
         doc = {"version": 1, "pipelines": parts}
     else:
         doc = read_stats(args.dir)

@@ -178,6 +178,7 @@ class PipelinedMaster:
         master.what = f"pipeline {p.name!r} (pipeline {p.id}) of job {self.plan.job!r}"
         master.log_prefix = f"{self.plan.job}/{p.name}"
         master.result.pipeline = p.name
+        master.tracker.pipeline_id = p.id
         return master
 
     def _run_all(self) -> list[BaseException | None]:

@@ -66,6 +66,9 @@ class JobTracker:
         self.interval = interval
         self.vertices, self.edges = docs.graph(plan)
         self.job_id = ""
+        #: Its pipeline's place in the job's plan (pipelines.py; None: the job is one), so a
+        #: report of the job orders its pipelines' tabs as the live dashboard does.
+        self.pipeline_id: int | None = None
         self.phase = Phase.CREATED  #: the lifecycle's (lifecycle.py), as it tells us
         self.start_time = clock()
         self.end_time: float | None = None
@@ -364,7 +367,8 @@ class JobTracker:
         with self.lock:
             job = docs.job(self)
             job["throughput"] = docs.throughput(list(self.samples), list(self.tasks))
-            return {"version": docs.VERSION, "job": job, "checkpoints": docs.checkpoints(self),
+            return {"version": docs.VERSION, "job": job, "pipeline_id": self.pipeline_id,
+                    "checkpoints": docs.checkpoints(self),
                     "details": {str(s.checkpoint_id): d for s in self.history.ended()[-KEEP_SUBTASK_DETAILS:] if s.subtasks
                                 if (d := docs.checkpoint(self, s.checkpoint_id)) is not None}}
 

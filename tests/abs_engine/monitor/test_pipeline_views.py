@@ -97,4 +97,8 @@ def test_each_pipeline_has_its_own_view_and_the_controls_act_on_the_job(tmp_path
     assert sorted(n for n in os.listdir(answer["savepoint"]) if n.startswith("pipeline-")) == ["pipeline-p0",
                                                                                              "pipeline-p1"]
     assert box["cancel"] == (200, {"cancelled": True})
+    # each pipeline's stored statistics say its place in the plan (the report's tab order)
+    from abs_engine.monitor.store import read_stats
+
+    assert [read_stats(str(tmp_path / "ck" / f"pipeline-{n}"))["pipeline_id"] for n in ("p0", "p1")] == [0, 1]
 
