@@ -4,6 +4,7 @@ output equals the batch oracle, and the checkpoints really were deltas on shared
 from __future__ import annotations
 
 import collections
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from abs_engine import Dataflow
 from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints, TestingSource
 from operators import KeyedProcess
+from tests.abs_engine.executors.test_rescaling import resumed_hold
 from tests.chaos_checks import assert_each_kill_restored
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -64,13 +66,14 @@ def oracle(records: list[int]) -> collections.Counter[tuple[int, int]]:
 
 
 def test_incremental_checkpoints_under_sigkills_are_exact(tmp_path):
-    records, ck = items(2_000_000), str(tmp_path / "ck")
+    records, ck, gate = items(2_000_000), str(tmp_path / "ck"), tmp_path / "gate"
     sink = CapturingSink(tmp_path / "out")
-    chaos = KillOnCheckpoints([2, 5, 8], seed=7)
-    res = flow(records, sink, 2).run(checkpoint_interval=0.01, checkpoint_dir=ck, incremental_checkpoints=True,
-                                     chaos=chaos, restart_delay=0, retained_checkpoints=2)
+    chaos = KillOnCheckpoints([2, 5, 8], seed=7, open_gate=gate)  # (held half-way until the kills)
+    res = flow(records, sink, 2, gate=gate, hold=len(records) // 2 // 2).run(
+        checkpoint_interval=0.01, checkpoint_dir=ck, incremental_checkpoints=True, chaos=chaos, restart_delay=0,
+        retained_checkpoints=2)
     assert collections.Counter(tuple(r) for r in sink.records()) == oracle(records)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert any(c.delta_tasks for c in res.checkpoints), "no checkpoint was incremental"
     # Retention kept what the retained checkpoints reference, and they verify.
     storage = CheckpointStorage(ck, retain=2)
@@ -93,13 +96,16 @@ def test_an_incremental_checkpoint_rescales_exactly(tmp_path, before, after, use
     storage = CheckpointStorage(ck)
     last = storage.completed_ids()[-1]
     assert storage.load_metadata(last).chains and not storage.load_metadata(last).final
-    gate.touch()
-    chaos = KillOnCheckpoints([2], seed=before * 10 + after)
-    res = flow(records, sink, after, batch_size=2_000, user_operator=user_operator, gate=gate, hold=hold).run(
+    # Held again half-way through what is left, until the kill (mid-job, at any speed).
+    gate2 = tmp_path / "gate2"
+    chaos = KillOnCheckpoints([2], seed=before * 10 + after, open_gate=gate2)
+    hold = resumed_hold(ck, last, "source", len(records), after)
+    res = flow(records, sink, after, batch_size=2_000, user_operator=user_operator, gate=gate2, hold=hold).run(
         checkpoint_interval=0.03, checkpoint_dir=ck, resume=True, incremental_checkpoints=True, chaos=chaos,
         restart_delay=0)
     assert res.restored_from[0] == last
     assert collections.Counter(tuple(r) for r in sink.records()) == oracle(records)
+    assert_each_kill_restored(replace(res, restored_from=res.restored_from[1:]), chaos, min_kills=len(chaos.after))
 
 
 USERS, HOT_USERS, GAP = 3_000, 60, 10**9

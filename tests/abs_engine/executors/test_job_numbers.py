@@ -9,6 +9,7 @@ import pytest
 
 from abs_engine import Dataflow
 from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints, TestingSource
+from tests.chaos_checks import assert_each_kill_restored
 
 pytestmark = pytest.mark.slow
 
@@ -27,11 +28,10 @@ def flow(sink: CapturingSink, parallelism: int = 2, gate: Any = None) -> Dataflo
 
 
 def test_counts_add_up_over_attempts_and_never_go_back(tmp_path):
-    chaos = KillOnCheckpoints([2, 4], seed=3)
     gate = tmp_path / "gate"  # held until both kills fell: they fall while the job runs, at any speed
-    res = flow(CapturingSink(tmp_path / "o"), gate=gate).run(
-        checkpoint_interval=0.02, chaos=chaos, restart_delay=0,
-        stop_when=lambda r: len(chaos.killed) == 2 and gate.touch())
+    chaos = KillOnCheckpoints([2, 4], seed=3, open_gate=gate)
+    res = flow(CapturingSink(tmp_path / "o"), gate=gate).run(checkpoint_interval=0.02, chaos=chaos, restart_delay=0)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert res.kills >= 1 and res.restarts == res.kills
     assert res.workers_lost == res.kills  # each SIGKILLed worker was found dead once
     assert len(res.attempt_source_records) == res.restarts + 1

@@ -12,30 +12,58 @@ from typing import Any
 import pytest
 
 from abs_engine import Dataflow
+from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.errors import JobFailed
 from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints, TestingSource
-from tests.abs_engine.executors.test_recovery import as_counts, output_lines, wordcount
+from operators import FileSink, TextFileSource
+from tests.abs_engine.executors.test_recovery import as_counts, output_lines
 from tests.chaos_checks import assert_each_kill_restored
 from tests.conftest import batch_word_count
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
+def held_wordcount(src: str, out: str, parallelism: int, gate: Path, after: int) -> Dataflow:
+    """test_recovery's word count, each source subtask held after ``after`` lines until
+    ``gate`` exists (both runs of a rescale need the gated source: its state is the gate's)."""
+    flow = Dataflow("wordcount", parallelism=parallelism)
+    source = GatedSource(TextFileSource(src, batch_bytes=1 << 15), gate, after=after)
+    flow.source(source, name="lines").flat_map(str.split, name="split").key_by().count_final(name="count").sink(
+        FileSink(out), name="write", parallelism=1)
+    return flow
+
+
+def resumed_hold(ck: str, checkpoint_id: int, source: str, total: int, parallelism: int) -> int:
+    """The ``after`` of a GatedSource (operator ``source``, ``total`` records) resumed from
+    ``checkpoint_id`` at ``parallelism``: about half-way through what each new subtask has
+    left. (A rescaled gate counts on from the most any old subtask had read.)"""
+    storage = CheckpointStorage(ck)
+    meta = storage.load_metadata(checkpoint_id)
+    states = [storage.read_state(checkpoint_id, t, meta) for t in meta.tasks]
+    reads = [int(s[source]["read"]) for s in states if source in s]
+    assert reads, (checkpoint_id, meta.tasks)
+    return max(reads) + (total - sum(reads)) // parallelism // 2
+
+
 @pytest.mark.parametrize("before,after", [(2, 3)])  # (and down, 4->1: the pipeline's below)
 def test_wordcount_resumed_at_another_parallelism_under_sigkills_is_exact(medium_corpus, tmp_path, before, after):
-    ck, out = str(tmp_path / "ck"), str(tmp_path / "out.tsv")
-    first = wordcount(medium_corpus, out, before).run(
+    ck, out, gate, gate2 = str(tmp_path / "ck"), str(tmp_path / "out.tsv"), tmp_path / "gate", tmp_path / "gate2"
+    with open(medium_corpus, "rb") as f:
+        lines = sum(1 for _ in f)
+    first = held_wordcount(medium_corpus, out, before, gate, lines // before // 2).run(
         checkpoint_interval=0.05, checkpoint_dir=ck, stop_when=lambda r: len(r.checkpoints) >= 1)
-    # Stopped mid-job: its newest checkpoint holds partial counts and offsets.
+    # Stopped mid-job (held half-way): its newest checkpoint holds partial counts and offsets.
     assert first.cancelled and not any(c.final for c in first.checkpoints)
     last = max(c.checkpoint_id for c in first.checkpoints)
-    chaos = KillOnCheckpoints([1, 2], seed=before * 10 + after)
-    res = wordcount(medium_corpus, out, after).run(checkpoint_interval=0.05, checkpoint_dir=ck, resume=True,
-                                                   chaos=chaos, restart_delay=0)
+    # Held again half-way through what is left, until the kills (every one mid-job, at any speed).
+    chaos = KillOnCheckpoints([1, 2], seed=before * 10 + after, open_gate=gate2)
+    hold = resumed_hold(ck, last, "lines", lines, after)
+    res = held_wordcount(medium_corpus, out, after, gate2, hold).run(
+        checkpoint_interval=0.05, checkpoint_dir=ck, resume=True, chaos=chaos, restart_delay=0)
     assert res.restored_from[0] == last
     assert as_counts(output_lines(out)) == batch_word_count(medium_corpus)
     # The run began with a restore (from `last`); every kill after it restored once more.
-    assert_each_kill_restored(replace(res, restored_from=res.restored_from[1:]), chaos, min_kills=1)
+    assert_each_kill_restored(replace(res, restored_from=res.restored_from[1:]), chaos, min_kills=len(chaos.after))
 
 
 class Remember(TestingSource):
@@ -110,20 +138,25 @@ def test_pipeline_resumed_at_another_parallelism_emits_every_record_once(tmp_pat
     first = pipeline(n, sink, before, gate, hold).run(checkpoint_interval=0.02, checkpoint_dir=ck,
                                                       stop_when=lambda r: len(r.checkpoints) >= 1)
     assert first.cancelled and not any(c.final for c in first.checkpoints)  # stopped mid-job
-    gate.touch()
-    chaos = KillOnCheckpoints([1, 2], seed=before + after)
-    res = pipeline(n, sink, after, gate, hold).run(checkpoint_interval=0.05, checkpoint_dir=ck, resume=True, chaos=chaos,
-                                       restart_delay=0)
-    assert res.restored_from[0] == max(c.checkpoint_id for c in first.checkpoints)
+    last = max(c.checkpoint_id for c in first.checkpoints)
+    # Held again half-way through what is left, until the kills (every one mid-job, at any speed).
+    gate2 = tmp_path / "gate2"
+    chaos = KillOnCheckpoints([1, 2], seed=before + after, open_gate=gate2)
+    res = pipeline(n, sink, after, gate2, resumed_hold(ck, last, "source", n, after)).run(
+        checkpoint_interval=0.05, checkpoint_dir=ck, resume=True, chaos=chaos, restart_delay=0)
+    assert res.restored_from[0] == last
     assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
+    assert_each_kill_restored(replace(res, restored_from=res.restored_from[1:]), chaos, min_kills=len(chaos.after))
 
 
 def audited(records: list[int], sink: CapturingSink, audit: CapturingSink | None, parallelism: int,
-            gate: Path, batch_size: int = 100) -> Dataflow:
+            gate: Path, batch_size: int = 100, hold: int | None = None) -> Dataflow:
     """A count per key, and (when ``audit`` is given) a second keyed branch with a sink of its
-    own. Each source subtask holds after a third of its records until ``gate`` exists."""
+    own. Each source subtask holds after ``hold`` records (default: a third of its records)
+    until ``gate`` exists."""
     f = Dataflow("audited", parallelism=parallelism)
-    held = GatedSource(TestingSource(records, batch_size=batch_size), gate, after=len(records) // (3 * parallelism))
+    hold = len(records) // (3 * parallelism) if hold is None else hold
+    held = GatedSource(TestingSource(records, batch_size=batch_size), gate, after=hold)
     src = f.source(held, name="source")
     src.key_by(lambda x: x % 1000).count(name="count").sink(sink, name="sink", parallelism=1)
     if audit is not None:
@@ -139,14 +172,19 @@ def test_a_branch_removed_with_allow_non_restored_state_keeps_the_rest_exact(tmp
     first = audited(records, sink, audit, 2, gate, batch_size=20).run(
         checkpoint_interval=0.02, checkpoint_dir=ck, stop_when=lambda r: len(r.checkpoints) >= 2)
     assert first.cancelled
-    gate.touch()
+    last = max(c.checkpoint_id for c in first.checkpoints)
+    # Held again half-way through what is left, until the kill (mid-job, at any speed).
+    gate2 = tmp_path / "gate2"
+    hold = resumed_hold(ck, last, "source", len(records), after)
     with pytest.raises(Exception) as info:  # the audit branch's state has nowhere to go
-        audited(records, sink, None, after, gate).run(checkpoint_dir=ck, resume=True, restart_attempts=0)
+        audited(records, sink, None, after, gate2, hold=hold).run(checkpoint_dir=ck, resume=True, restart_attempts=0)
     assert "audit" in str(info.value) and "allow_non_restored_state" in str(info.value)
-    res = audited(records, sink, None, after, gate).run(checkpoint_dir=ck, resume=True, allow_non_restored_state=True,
-                                                  checkpoint_interval=0.05,
-                                                  chaos=KillOnCheckpoints([1], seed=after), restart_delay=0)
-    assert res.restored_from[0] == max(c.checkpoint_id for c in first.checkpoints)
+    chaos = KillOnCheckpoints([1], seed=after, open_gate=gate2)
+    res = audited(records, sink, None, after, gate2, hold=hold).run(
+        checkpoint_dir=ck, resume=True, allow_non_restored_state=True, checkpoint_interval=0.05, chaos=chaos,
+        restart_delay=0)
+    assert res.restored_from[0] == last
+    assert_each_kill_restored(replace(res, restored_from=res.restored_from[1:]), chaos, min_kills=len(chaos.after))
     seen: collections.Counter[int] = collections.Counter()
     oracle: collections.Counter[tuple[int, int]] = collections.Counter()
     for x in records:

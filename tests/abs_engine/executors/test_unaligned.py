@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from abs_engine.checkpoint.savepoint import load_savepoint, write_savepoint
 from abs_engine.checkpoint.storage import CheckpointStorage
 from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints, TestingSource
 from examples import bank, collatz
-from tests.abs_engine.executors.test_rescaling import pipeline, pipeline_oracle
+from tests.abs_engine.executors.test_rescaling import pipeline, pipeline_oracle, resumed_hold
 from tests.chaos_checks import assert_each_kill_restored
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -86,21 +87,46 @@ def assert_pipeline_cuts_consistent(ck: str, n: int) -> None:
 def test_pipeline_unaligned_emits_every_record_once_under_sigkills(tmp_path, parallelism):
     n, sink, ck, gate = 300_000, CapturingSink(tmp_path / "out"), str(tmp_path / "ck"), tmp_path / "gate"
     chaos = KillOnCheckpoints([1, 3], seed=10 + parallelism, open_gate=gate)  # (held half-way until the kills)
-    res = pipeline(n, sink, parallelism, gate, hold=n // parallelism // 2).run(mode="unaligned", checkpoint_interval=0.02, chaos=chaos,
-                                             checkpoint_dir=ck, restart_delay=0, retained_checkpoints=10_000)
+    res = pipeline(n, sink, parallelism, gate, hold=n // parallelism // 2).run(
+        mode="unaligned", checkpoint_interval=0.02, chaos=chaos, checkpoint_dir=ck, restart_delay=0,
+        retained_checkpoints=10_000)
     assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
     assert persisted_in_flight(res) > 0, "no checkpoint held records in flight: the run proves nothing"
     assert_pipeline_cuts_consistent(ck, n)
 
 
+def collatz_seed(n: int) -> tuple[int, int, int]:
+    return (n, n, 0)
+
+
+def collatz_current(r: tuple[int, int, int]) -> int:
+    return r[1]
+
+
+def held_collatz(numbers: int, output: str, parallelism: int, gate: Path) -> Dataflow:
+    """collatz.build_flow's loop, each source subtask held half-way through its numbers
+    until ``gate`` exists."""
+    from operators import FileSink, RangeSource
+
+    flow = Dataflow("collatz", parallelism=parallelism)
+    held = GatedSource(RangeSource(1, numbers + 1), gate, after=numbers // parallelism // 2)
+    seeds = flow.source(held, name="numbers").map(collatz_seed, name="seed")
+    loop = flow.feedback(name="loop")
+    stepped = seeds.union(loop, name="merge").key_by(collatz_current).apply_keyed(collatz.CollatzStep(), name="step")
+    loop.connect(stepped.filter(collatz.is_more, name="unfinished").map(collatz.strip_tag, name="again"))
+    stepped.filter(collatz.is_done, name="finished").map(collatz.fmt, name="format").sink(
+        FileSink(output), name="write", parallelism=1)
+    return flow
+
+
 @pytest.mark.parametrize("parallelism", [2])  # (and 4 aligned: tests/examples/test_loops.py)
 def test_collatz_unaligned_is_exact_under_sigkills(tmp_path, parallelism):
-    n, out = 15_000, str(tmp_path / "out.tsv")
-    chaos = KillOnCheckpoints([1, 2, 3], seed=parallelism)
-    res = collatz.build_flow(n, out, parallelism).run(mode="unaligned", checkpoint_interval=0.05, chaos=chaos,
+    n, out, gate = 15_000, str(tmp_path / "out.tsv"), tmp_path / "gate"
+    chaos = KillOnCheckpoints([1, 2, 3], seed=parallelism, open_gate=gate)  # (held half-way until the kills)
+    res = held_collatz(n, out, parallelism, gate).run(mode="unaligned", checkpoint_interval=0.05, chaos=chaos,
                                                       checkpoint_dir=str(tmp_path / "ck"), restart_delay=0)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert collatz.read_output(out) == collatz.oracle(n)
     persisted_in_flight(res)
 
@@ -170,14 +196,16 @@ def test_a_checkpoint_with_channel_state_rescales_exactly(tmp_path, before, afte
     # finished: a rescale could not rebuild a finished one's output); every checkpoint is
     # kept, and that newest one becomes the one to resume from (its output rolled back to it).
     newest = newest_with_channel_state(ck)
-    gate.touch()
-    chaos = KillOnCheckpoints([1, 2], seed=before * 10 + after)
-    res = pipeline(n, sink, after, gate, hold).run(mode="unaligned", checkpoint_interval=0.05, checkpoint_dir=ck,
-                                                   resume=True, chaos=chaos, restart_delay=0,
-                                                   retained_checkpoints=10_000)
+    # Held again half-way through what is left, until the kills (every one mid-job, at any speed).
+    gate2 = tmp_path / "gate2"
+    chaos = KillOnCheckpoints([1, 2], seed=before * 10 + after, open_gate=gate2)
+    res = pipeline(n, sink, after, gate2, resumed_hold(ck, newest, "source", n, after)).run(
+        mode="unaligned", checkpoint_interval=0.05, checkpoint_dir=ck, resume=True, chaos=chaos, restart_delay=0,
+        retained_checkpoints=10_000)
     assert res.restored_from[0] == newest
     assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
     assert_pipeline_cuts_consistent(ck, n)  # before and after the rescale
+    assert_each_kill_restored(replace(res, restored_from=res.restored_from[1:]), chaos, min_kills=len(chaos.after))
 
 
 @pytest.mark.parametrize("before,after", [(2, 3)])  # (and down, 4->1, aligned: tests/examples/test_loops.py)
@@ -186,16 +214,24 @@ def test_bank_rescaled_from_an_unaligned_checkpoint_is_exact_and_conserved(tmp_p
     and on the loop's regular channels re-routed to the subtask that now owns their account;
     money conserved in every checkpoint before and after."""
     accounts, transfers, seed = 50, 75_000, before * 10 + after
-    ck, out = str(tmp_path / "ck"), str(tmp_path / "out.tsv")
-    bank.build_flow(accounts, transfers, seed, out, before).run(
+    ck, out, gate, gate2 = str(tmp_path / "ck"), str(tmp_path / "out.tsv"), tmp_path / "gate", tmp_path / "gate2"
+    # The first run is not held (after=transfers: more than a subtask reads): its source floods
+    # the loop, as checkpoints with channel state need. It is gated only for its state's shape.
+    held = GatedSource(bank.TransferSource(accounts, transfers, seed), gate, after=transfers)
+    bank.build_flow(accounts, transfers, seed, out, before, source=held).run(
         mode="unaligned", checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000,
         stop_when=lambda r: len(r.checkpoints) >= 2 and stop_with_channel_state(r))
     newest = newest_with_channel_state(ck)  # (cancelled, or finished first: as above)
-    chaos = KillOnCheckpoints([1, 2], seed=seed)
-    res = bank.build_flow(accounts, transfers, seed, out, after).run(
+    # Held half-way through what is left (if nothing is: at once, idle but not finished), until the
+    # kills: every one mid-job, at any speed.
+    chaos = KillOnCheckpoints([1, 2], seed=seed, open_gate=gate2)
+    held = GatedSource(bank.TransferSource(accounts, transfers, seed), gate2,
+                       after=resumed_hold(ck, newest, "transfers", transfers, after))
+    res = bank.build_flow(accounts, transfers, seed, out, after, source=held).run(
         mode="unaligned", checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000, resume=True,
         chaos=chaos, restart_delay=0)
     assert res.restored_from[0] == newest
+    assert_each_kill_restored(replace(res, restored_from=res.restored_from[1:]), chaos, min_kills=len(chaos.after))
     storage = CheckpointStorage(ck)
     assert bank.read_output(out) == bank.oracle(accounts, transfers, seed)
     for cid in storage.completed_ids():
@@ -203,11 +239,12 @@ def test_bank_rescaled_from_an_unaligned_checkpoint_is_exact_and_conserved(tmp_p
 
 
 def test_unaligned_with_incremental_checkpoints_is_exact_under_sigkills(tmp_path):
-    n, sink, ck = 300_000, CapturingSink(tmp_path / "out"), str(tmp_path / "ck")
-    chaos = KillOnCheckpoints([2, 4], seed=6)
-    res = pipeline(n, sink, 2).run(mode="unaligned", incremental_checkpoints=True, checkpoint_interval=0.02,
-                                   chaos=chaos, checkpoint_dir=ck, restart_delay=0, retained_checkpoints=10_000)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    n, sink, ck, gate = 300_000, CapturingSink(tmp_path / "out"), str(tmp_path / "ck"), tmp_path / "gate"
+    chaos = KillOnCheckpoints([2, 4], seed=6, open_gate=gate)  # (held half-way until the kills)
+    res = pipeline(n, sink, 2, gate, hold=n // 2 // 2).run(
+        mode="unaligned", incremental_checkpoints=True, checkpoint_interval=0.02, chaos=chaos, checkpoint_dir=ck,
+        restart_delay=0, retained_checkpoints=10_000)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert collections.Counter(tuple(r) for r in sink.records()) == pipeline_oracle(n)
     assert any(c.delta_tasks for c in res.checkpoints) and persisted_in_flight(res) > 0
     assert_pipeline_cuts_consistent(ck, n)
@@ -245,12 +282,13 @@ def test_channel_state_past_its_memory_limit_spills_and_stays_exact(tmp_path, mo
     every completed checkpoint counting the spilled credits, and after SIGKILLs the
     output is exact: the spill files were read back, in order, at each restore."""
     accounts, transfers, seed, ck = 50, 75_000, 3, str(tmp_path / "ck")
-    out = str(tmp_path / "out.tsv")
-    chaos = KillOnCheckpoints([1, 2, 3], seed=31)
-    res = bank.build_flow(accounts, transfers, seed, out, 2).run(
+    out, gate = str(tmp_path / "out.tsv"), tmp_path / "gate"
+    chaos = KillOnCheckpoints([1, 2, 3], seed=31, open_gate=gate)  # (held half-way until the kills)
+    held = GatedSource(bank.TransferSource(accounts, transfers, seed), gate, after=transfers // 2 // 2)
+    res = bank.build_flow(accounts, transfers, seed, out, 2, source=held).run(
         mode=mode, checkpoint_interval=0.03, chaos=chaos, checkpoint_dir=ck, restart_delay=0,
         retained_checkpoints=10_000, channel_state_memory=0)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert bank.read_output(out) == bank.oracle(accounts, transfers, seed)
     storage = CheckpointStorage(ck)
     for cid in storage.completed_ids():

@@ -109,10 +109,10 @@ def test_wordcount_whose_every_snapshot_forks_is_exact_under_sigkills(medium_cor
     from tests.chaos_checks import assert_each_kill_restored
     from tests.conftest import batch_word_count
 
-    out = str(tmp_path / "out.tsv")
-    chaos = KillOnCheckpoints([1, 2, 3], seed=21)
-    res = wordcount(medium_corpus, out, 2).run(checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"),
-                                               chaos=chaos, restart_delay=0, snapshot_encoding="fork")
+    out, gate = str(tmp_path / "out.tsv"), str(tmp_path / "gate")
+    chaos = KillOnCheckpoints([1, 2, 3], seed=21, open_gate=gate)  # (held half-way until the kills)
+    res = wordcount(medium_corpus, out, 2, gate).run(checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"),
+                                                     chaos=chaos, restart_delay=0, snapshot_encoding="fork")
     assert as_counts(output_lines(out)) == batch_word_count(medium_corpus)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert all(c.max_sync_ms > 0 and c.max_async_ms > 0 for c in res.checkpoints)
