@@ -3,6 +3,7 @@ conservation of money in every checkpoint, termination (and non-termination)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -114,10 +115,14 @@ class MapOp(Operator):
         return [self.fn(r) for r in batch]
 
 
-def nested_flow(sink: CapturingSink) -> Dataflow:
+def nested_flow(sink: CapturingSink, gate: Any = None) -> Dataflow:
+    """With ``gate``: each source subtask holds half-way through its numbers until the file exists."""
     flow = Dataflow("nested", parallelism=2)
     outer_fb, inner_fb = flow.feedback(name="outer_fb"), flow.feedback(name="inner_fb")
-    start = flow.source(TestingSource(range(2_000), batch_size=64)).map(lambda x: (x, 0, 0, 0))
+    source: Any = TestingSource(range(2_000), batch_size=64)
+    if gate is not None:
+        source = GatedSource(source, gate, after=2_000 // 2 // 2)
+    start = flow.source(source).map(lambda x: (x, 0, 0, 0))
     outer_in = start.union(outer_fb, name="outer_in")
     inner = outer_in.union(inner_fb, name="inner_in").key_by(lambda r: r[0]).apply_keyed(MapOp(inner_step),
                                                                                           name="inner")
@@ -133,10 +138,10 @@ def test_nested_loops_with_keyed_exchanges(tmp_path):
     """An outer loop around an inner loop, both through hash exchanges, parallelism 2."""
     expected = sorted((x, *nested_oracle(x)) for x in range(2_000))
     assert len(nested_flow(CapturingSink(tmp_path / "plan")).compile().back_edges) == 2
-    sink = CapturingSink(tmp_path / "out")
-    chaos = KillOnCheckpoints([1, 2], seed=3)
-    res = nested_flow(sink).run(checkpoint_interval=0.02, chaos=chaos, restart_delay=0)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    sink, gate = CapturingSink(tmp_path / "out"), tmp_path / "gate"
+    chaos = KillOnCheckpoints([1, 2], seed=3, open_gate=gate)
+    res = nested_flow(sink, gate).run(checkpoint_interval=0.02, chaos=chaos, restart_delay=0)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert sorted(sink.records()) == expected
 
 
@@ -184,12 +189,15 @@ def test_bank_resumed_at_another_parallelism_under_sigkill_is_exact_and_conserve
         checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000,
         stop_when=lambda r: len(r.checkpoints) >= 2)
     assert first.cancelled
-    gate.touch()
-    chaos = KillOnCheckpoints([1, 2], seed=seed)
+    # resumed held too (each subtask restores a read count past the hold), until the kills are made
+    chaos = KillOnCheckpoints([1, 2], seed=seed, open_gate=gate)
     res = bank.build_flow(accounts, transfers, seed, out, after, held()).run(
         checkpoint_interval=0.03, checkpoint_dir=ck, retained_checkpoints=10_000, resume=True, chaos=chaos,
         restart_delay=0)
     assert res.restored_from[0] == max(c.checkpoint_id for c in first.checkpoints)
+    # the run began with a restore (the rescale); every kill after it restored once more
+    assert_each_kill_restored(dataclasses.replace(res, restored_from=res.restored_from[1:]), chaos,
+                              min_kills=len(chaos.after))
     assert bank.read_output(out) == bank.oracle(accounts, transfers, seed)
     storage = CheckpointStorage(ck)
     for cid in storage.completed_ids():  # before and after the rescale

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import collections
 import random
+from dataclasses import replace
 
 import pytest
 
 from abs_engine import Dataflow
 from abs_engine.errors import JobFailed
-from abs_engine.testing import CapturingSink, KillOnCheckpoints, TestingSource
+from abs_engine.testing import CapturingSink, GatedSource, KillOnCheckpoints, TestingSource
 from operators import Aggregate, AggregateFinal, FoldFinal, StatefulMap
 from operators.aggregate import MergeFinal, PreAggregate
 from operators.base import OperatorContext, RecordError
+from tests.chaos_checks import assert_each_kill_restored
 
 EVENTS = [(f"u{random.Random(i).randrange(300)}", i % 97) for i in range(20_000)]  # (user, seconds)
 
@@ -137,10 +139,14 @@ def test_a_failing_function_leaves_the_state_unchanged_and_names_the_record():
     assert "must return (state, output)" in str(info.value.__cause__)
 
 
-def jobs(events, sink, parallelism, batch_size=100):  # type: ignore[no-untyped-def]
+def jobs(events, sink, parallelism, batch_size=100, gate=None):  # type: ignore[no-untyped-def]
+    """With ``gate``: the source holds half-way through the events until the file exists."""
     f = Dataflow("dwell", parallelism=parallelism)
+    source = TestingSource(events, batch_size=batch_size)
+    if gate is not None:
+        source = GatedSource(source, gate, after=len(events) // 2)
     # One source subtask: the running values depend on each key's record order, which it fixes.
-    keyed = f.source(TestingSource(events, batch_size=batch_size), name="events", parallelism=1).key_by(user)
+    keyed = f.source(source, name="events", parallelism=1).key_by(user)
     means = keyed.aggregate(zero, add, mean, name="mean")
     ends = keyed.stateful_map(sessions, name="sessions").filter(lambda kv: kv[1][0] == "end", name="ends")
     means.union(ends, name="both").sink(sink, name="sink", parallelism=1)
@@ -154,17 +160,22 @@ def as_multiset(records):  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_aggregate_and_stateful_map_jobs_are_exact_under_sigkills_and_a_rescale(tmp_path):
-    events = EVENTS * 20  # long enough to be stopped mid-run, also on a loaded machine
+    events = EVENTS * 20
     expected = oracle_running_mean(events) + [kv for kv in oracle_sessions(events) if kv[1][0] == "end"]
-    sink, ck = CapturingSink(tmp_path / "out"), str(tmp_path / "ck")
-    first = jobs(events, sink, 2, batch_size=20).run(checkpoint_interval=0.02, checkpoint_dir=ck,
-                                                     incremental_checkpoints=True,
-                                                     stop_when=lambda r: len(r.checkpoints) >= 2)
+    sink, ck, gate = CapturingSink(tmp_path / "out"), str(tmp_path / "ck"), tmp_path / "gate"
+    # Held half-way (the gate closed): the first run is stopped mid-job, however fast it runs;
+    # the second resumes held too, until the chaos has made its kills and opens the gate.
+    first = jobs(events, sink, 2, batch_size=20, gate=gate).run(checkpoint_interval=0.02, checkpoint_dir=ck,
+                                                                incremental_checkpoints=True,
+                                                                stop_when=lambda r: len(r.checkpoints) >= 2)
     assert first.cancelled
-    chaos = KillOnCheckpoints([1, 3], seed=11)
-    res = jobs(events, sink, 3).run(checkpoint_interval=0.02, checkpoint_dir=ck, resume=True, chaos=chaos,
-                                    incremental_checkpoints=True, restart_delay=0)
-    assert res.kills >= 1
+    last = max(c.checkpoint_id for c in first.checkpoints)
+    chaos = KillOnCheckpoints([1, 3], seed=11, open_gate=gate)
+    res = jobs(events, sink, 3, gate=gate).run(checkpoint_interval=0.02, checkpoint_dir=ck, resume=True,
+                                               chaos=chaos, incremental_checkpoints=True, restart_delay=0)
+    assert res.restored_from[0] == last
+    # The run began with a restore (from `last`); every kill after it restored once more.
+    assert_each_kill_restored(replace(res, restored_from=res.restored_from[1:]), chaos, min_kills=len(chaos.after))
     got = [(k, tuple(v) if isinstance(v, list) else v) for k, v in sink.records()]
     assert as_multiset(got) == as_multiset(expected)
 
@@ -187,18 +198,20 @@ def test_a_poison_record_in_aggregate_fails_the_job_naming_it(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_aggregate_final_with_merge_is_exact_under_sigkills_and_chains_the_pre_aggregation(tmp_path):
-    events = EVENTS * 10
+    events, gate = EVENTS * 10, tmp_path / "gate"
     f = Dataflow("dwell", parallelism=2)
-    f.source(TestingSource(events, batch_size=50), name="events").key_by(user).aggregate_final(
+    # Each source subtask holds half-way through its events until the chaos has made its kills.
+    source = GatedSource(TestingSource(events, batch_size=50), gate, after=len(events) // 2 // 2)
+    f.source(source, name="events").key_by(user).aggregate_final(
         zero, add, mean, merge=merge, name="mean").sink(CapturingSink(tmp_path / "out"), name="sink",
                                                          parallelism=1)
     plan = f.explain()
     # The pre-aggregation is fused into the source's task: only partials cross the shuffle.
-    assert "events [TestingSource] -> mean_pre [pre_aggregate(key=user)]" in plan, plan
+    assert "events [GatedSource] -> mean_pre [pre_aggregate(key=user)]" in plan, plan
     assert "mean [aggregate_final(key=user, merge=merge)]" in plan, plan
-    chaos = KillOnCheckpoints([1, 3], seed=5)
+    chaos = KillOnCheckpoints([1, 3], seed=5, open_gate=gate)
     res = f.run(checkpoint_interval=0.02, checkpoint_dir=str(tmp_path / "ck"), chaos=chaos, restart_delay=0)
-    assert res.kills >= 1
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     got = CapturingSink(tmp_path / "out").records()
     expected = dict(oracle_running_mean(events))
     assert len(got) == len(expected) and {k: v for k, v in got} == expected

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 
 from abs_engine.errors import InputError
-from abs_engine.testing import KillOnCheckpoints
+from abs_engine.testing import GatedSource, KillOnCheckpoints
 from operators import FileSink
 from operators.parquet import ParquetSink
 from operators.spark_stream import SparkStreamSource
 from tests.chaos_checks import assert_each_kill_restored
 from tests.conftest import batch_word_count_dir
-from tests.operators.test_spark import counts_file, wordcount
+from tests.operators.test_spark import counts_file, lines_in, wordcount
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(240)]
 
@@ -38,11 +38,14 @@ def test_streaming_staging_and_parquet_output_on_s3_under_kills_are_exact(spark,
     sdf = spark.readStream.option("maxFilesPerTrigger", 1).text(text_dir)
     src = SparkStreamSource(sdf, s3_server("stream-staging"), available_now=True,
                             spark_checkpoint=str(tmp_path / "spark-progress"))
-    out = s3_server("parquet-out")
-    chaos = KillOnCheckpoints([1, 2], seed=4)
-    res = wordcount(src, ParquetSink(out, columns=["word", "count"])).run(
+    out, gate = s3_server("parquet-out"), tmp_path / "gate"
+    # Bounded (available_now): each source subtask holds half-way through its lines until the
+    # chaos has made its kills.
+    held = GatedSource(src, gate, after=lines_in(text_dir) // 2 // 2)
+    chaos = KillOnCheckpoints([1, 2], seed=4, open_gate=gate)
+    res = wordcount(held, ParquetSink(out, columns=["word", "count"])).run(
         checkpoint_interval=0.05, checkpoint_dir=s3_server("stream-ck"), chaos=chaos, restart_delay=0)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert read_parquet_from_s3(out) == sorted(batch_word_count_dir(text_dir).items())
 
 

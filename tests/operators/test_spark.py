@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -39,6 +40,11 @@ def warm_golden(build) -> float:
     return fastest_run(lambda: build().run(mode="none"))
 
 
+def lines_in(path: str) -> int:
+    """The lines of the text files in the directory ``path`` (the records SparkSource.text reads)."""
+    return sum(1 for n in os.listdir(path) for _ in open(os.path.join(path, n), "rb"))
+
+
 def wordcount(source, sink, parallelism=2) -> Dataflow:
     flow = Dataflow("wc", parallelism=parallelism)
     flow.source(source).flat_map(str.split).key_by().count_final().sink(sink, parallelism=1)
@@ -51,11 +57,13 @@ def test_wordcount_through_spark_with_sigkills_is_exact(spark, text_dir, tmp_pat
     warm_golden(lambda: wordcount(SparkSource.text(text_dir, spark=spark), FileSink(golden), parallelism))
     expected = batch_word_count_dir(text_dir)
     assert counts_file(golden) == expected
-    out = str(tmp_path / "killed.tsv")
+    out, gate = str(tmp_path / "killed.tsv"), tmp_path / "gate"
     src = SparkSource.text(text_dir, spark=spark)
-    chaos = KillOnCheckpoints([1, 2, 3], seed=parallelism)
-    res = wordcount(src, FileSink(out), parallelism).run(checkpoint_interval=0.05, chaos=chaos, restart_delay=0)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    # Each source subtask holds half-way through its lines until the chaos has made its kills.
+    held = GatedSource(src, gate, after=lines_in(text_dir) // parallelism // 2)
+    chaos = KillOnCheckpoints([1, 2, 3], seed=parallelism, open_gate=gate)
+    res = wordcount(held, FileSink(out), parallelism).run(checkpoint_interval=0.05, chaos=chaos, restart_delay=0)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert counts_file(out) == expected
     assert src.delivered_rows() >= sum(1 for n in os.listdir(text_dir) for _ in open(os.path.join(text_dir, n)))
 
@@ -69,13 +77,17 @@ def split_words(batch):
 
 
 def test_spark_hands_its_arrow_batches_on_whole_and_exactly_once_under_sigkills(spark, text_dir, tmp_path):
-    out = str(tmp_path / "vectorized.tsv")
+    out, gate = str(tmp_path / "vectorized.tsv"), tmp_path / "gate"
     flow = Dataflow("vwc", parallelism=2)
-    flow.source(SparkSource.text(text_dir, spark=spark, batches=True), name="lines").map_batches(
+    # A record is an Arrow batch: one a file (a partition each, under Spark's 10,000 rows a
+    # batch), 3 a subtask; each subtask holds after 1 until the chaos has made its kills.
+    source = GatedSource(SparkSource.text(text_dir, spark=spark, batches=True), gate,
+                         after=len(os.listdir(text_dir)) // 2 // 2)
+    flow.source(source, name="lines").map_batches(
         split_words).aggregate_batches("word").sink(FileSink(out), parallelism=1)
-    chaos = KillOnCheckpoints([1, 2], seed=5)
+    chaos = KillOnCheckpoints([1, 2], seed=5, open_gate=gate)
     res = flow.run(checkpoint_interval=0.05, chaos=chaos, restart_delay=0)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert counts_file(out) == batch_word_count_dir(text_dir)
 
 
@@ -174,10 +186,13 @@ def test_resume_after_input_files_changed_fails_clearly(spark, text_dir, tmp_pat
 def test_streaming_source_counts_each_batch_once_under_kills(spark, text_dir, tmp_path):
     sdf = spark.readStream.option("maxFilesPerTrigger", 1).text(text_dir)
     src = SparkStreamSource(sdf, tmp_path / "staging", available_now=True)
-    out = str(tmp_path / "out.tsv")
-    chaos = KillOnCheckpoints([1, 2], seed=1)
-    res = wordcount(src, FileSink(out)).run(checkpoint_interval=0.05, chaos=chaos, restart_delay=0)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    out, gate = str(tmp_path / "out.tsv"), tmp_path / "gate"
+    # Bounded (available_now): each source subtask holds half-way through its lines until the
+    # chaos has made its kills.
+    held = GatedSource(src, gate, after=lines_in(text_dir) // 2 // 2)
+    chaos = KillOnCheckpoints([1, 2], seed=1, open_gate=gate)
+    res = wordcount(held, FileSink(out)).run(checkpoint_interval=0.05, chaos=chaos, restart_delay=0)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
     assert counts_file(out) == batch_word_count_dir(text_dir)
 
 
@@ -204,16 +219,21 @@ def test_streaming_redelivery_after_a_driver_crash_is_not_counted_twice(spark, t
 
 
 def test_parquet_sink_after_crashes_equals_uninterrupted_output(spark, text_dir, tmp_path):
-    def flow(path):
+    def flow(path, gate=None):
+        """With ``gate``: each source subtask holds half-way through its lines until the file exists."""
         f = Dataflow("wc", parallelism=2)
-        f.source(SparkSource.text(text_dir, spark=spark)).flat_map(str.split).key_by().count_final().sink(
+        source: Any = SparkSource.text(text_dir, spark=spark)
+        if gate is not None:
+            source = GatedSource(source, gate, after=lines_in(text_dir) // 2 // 2)
+        f.source(source).flat_map(str.split).key_by().count_final().sink(
             ParquetSink(path, columns=["word", "count"]), parallelism=2)
         return f
 
     flow(str(tmp_path / "golden")).run(mode="none")
-    chaos = KillOnCheckpoints([1, 2, 3], seed=5)
-    res = flow(str(tmp_path / "killed")).run(checkpoint_interval=0.05, chaos=chaos, restart_delay=0)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    gate = tmp_path / "gate"
+    chaos = KillOnCheckpoints([1, 2, 3], seed=5, open_gate=gate)
+    res = flow(str(tmp_path / "killed"), gate).run(checkpoint_interval=0.05, chaos=chaos, restart_delay=0)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
 
     def read(p):
         return sorted(tuple(r) for r in spark.read.parquet(p).collect())

@@ -15,7 +15,7 @@ import pytest
 
 from abs_engine import Dataflow
 from abs_engine.executors.spark import SparkLauncherError, _slot_groups, available_slots, package_zip, stage_failure
-from abs_engine.testing import KillOnCheckpoints
+from abs_engine.testing import GatedSource, KillOnCheckpoints
 from operators import FileSink, TextFileSource
 from tests.abs_engine.executors.test_recovery import as_counts, output_lines
 from tests.chaos_checks import assert_each_kill_restored
@@ -24,9 +24,16 @@ from tests.conftest import batch_word_count, covered_by_the_cluster_test
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(300)]
 
 
-def wordcount(src: str, out: str, parallelism: int) -> Dataflow:
+def wordcount(src: str, out: str, parallelism: int, gate: str | None = None) -> Dataflow:
+    """With ``gate``: each source subtask holds half-way through its lines until the file
+    exists (KillOnCheckpoints opens it after its last kill: the job cannot end before them)."""
     flow = Dataflow("wordcount", parallelism=parallelism)
-    words = flow.source(TextFileSource(src, batch_bytes=1 << 15)).flat_map(str.split)
+    source: Any = TextFileSource(src, batch_bytes=1 << 15)
+    if gate is not None:
+        with open(src, "rb") as f:
+            lines = sum(1 for _ in f)
+        source = GatedSource(source, gate, after=lines // parallelism // 2)
+    words = flow.source(source).flat_map(str.split)
     words.key_by().count_final().sink(FileSink(out), parallelism=1)
     return flow
 
@@ -69,13 +76,13 @@ def test_a_failed_stage_is_told_by_its_reason_not_by_py4js_first_line() -> None:
 
 def test_wordcount_on_spark_with_sigkills_inside_spark_tasks_is_exact(spark, medium_corpus, tmp_path):
     assert available_slots(spark.sparkContext) >= 2
-    out = str(tmp_path / "out.tsv")
-    chaos = KillOnCheckpoints([2, 5], seed=11)
-    res = wordcount(medium_corpus, out, 2).run(
+    out, gate = str(tmp_path / "out.tsv"), str(tmp_path / "gate")
+    chaos = KillOnCheckpoints([2, 5], seed=11, open_gate=gate)
+    res = wordcount(medium_corpus, out, 2, gate).run(
         executor="spark", spark=spark, checkpoint_interval=0.05, checkpoint_dir=str(tmp_path / "ck"),
         chaos=chaos, restart_delay=0)
     assert as_counts(output_lines(out)) == batch_word_count(medium_corpus)
-    assert_each_kill_restored(res, chaos, min_kills=1)
+    assert_each_kill_restored(res, chaos, min_kills=len(chaos.after))  # (all mid-job: held)
 
 
 def test_too_few_slots_is_a_clear_error_within_seconds(spark, small_corpus, tmp_path, monkeypatch):
