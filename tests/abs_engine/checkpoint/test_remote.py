@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from typing import Any
 
 import pytest
 
@@ -138,21 +137,10 @@ def test_an_unreachable_store_fails_the_restore_instead_of_falling_back(remote, 
 
 
 def _wordcount(src: str, out: str, parallelism: int = 2, gate: str | None = None):  # type: ignore[no-untyped-def]
-    """With ``gate``: each source subtask holds half-way through its lines until the file
-    exists (KillOnCheckpoints opens it after its last kill: the job cannot end before them)."""
-    from abs_engine import Dataflow
-    from abs_engine.testing import GatedSource
-    from operators import FileSink, TextFileSource
+    """test_recovery's word count (held by ``gate`` until the kills), named apart."""
+    from tests.abs_engine.executors.test_recovery import wordcount
 
-    flow = Dataflow("wordcount-s3", parallelism=parallelism)
-    source: Any = TextFileSource(src, batch_bytes=1 << 15)
-    if gate is not None:
-        with open(src, "rb") as f:
-            lines = sum(1 for _ in f)
-        source = GatedSource(source, gate, after=lines // parallelism // 2)
-    words = flow.source(source).flat_map(str.split)
-    words.key_by().count_final().sink(FileSink(out), parallelism=1)
-    return flow
+    return wordcount(src, out, parallelism, gate, name="wordcount-s3")
 
 
 @pytest.mark.slow

@@ -21,10 +21,10 @@ from tests.conftest import batch_word_count
 pytestmark = pytest.mark.slow
 
 
-def wordcount(src: str, out: str, parallelism: int, gate: str | None = None) -> Dataflow:
+def wordcount(src: str, out: str, parallelism: int, gate: str | None = None, name: str = "wordcount") -> Dataflow:
     """With ``gate``: each source subtask holds half-way through its lines until the file
     exists (KillOnCheckpoints opens it after its last kill: the job cannot end before them)."""
-    flow = Dataflow("wordcount", parallelism=parallelism)
+    flow = Dataflow(name, parallelism=parallelism)
     source: Any = TextFileSource(src, batch_bytes=1 << 15)
     if gate is not None:
         with open(src, "rb") as f:

@@ -15,27 +15,12 @@ import pytest
 
 from abs_engine import Dataflow
 from abs_engine.executors.spark import SparkLauncherError, _slot_groups, available_slots, package_zip, stage_failure
-from abs_engine.testing import GatedSource, KillOnCheckpoints
-from operators import FileSink, TextFileSource
-from tests.abs_engine.executors.test_recovery import as_counts, output_lines
+from abs_engine.testing import KillOnCheckpoints
+from tests.abs_engine.executors.test_recovery import as_counts, output_lines, wordcount
 from tests.chaos_checks import assert_each_kill_restored
 from tests.conftest import batch_word_count, covered_by_the_cluster_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(300)]
-
-
-def wordcount(src: str, out: str, parallelism: int, gate: str | None = None) -> Dataflow:
-    """With ``gate``: each source subtask holds half-way through its lines until the file
-    exists (KillOnCheckpoints opens it after its last kill: the job cannot end before them)."""
-    flow = Dataflow("wordcount", parallelism=parallelism)
-    source: Any = TextFileSource(src, batch_bytes=1 << 15)
-    if gate is not None:
-        with open(src, "rb") as f:
-            lines = sum(1 for _ in f)
-        source = GatedSource(source, gate, after=lines // parallelism // 2)
-    words = flow.source(source).flat_map(str.split)
-    words.key_by().count_final().sink(FileSink(out), parallelism=1)
-    return flow
 
 
 def test_slot_sharing_groups_subtask_k_of_every_operator() -> None:
