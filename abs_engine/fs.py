@@ -89,7 +89,7 @@ def split(location: str) -> tuple[str, str]:
     """``(parent, name)`` of a local path or a URI, ``join``'s inverse: a URI's query (its
     options and credentials) stays on the parent."""
     if not is_remote(location):
-        return os.path.dirname(local_path(location)), os.path.basename(local_path(location))
+        return os.path.split(local_path(location))
     head, sep, query = location.partition("?")
     if not urlsplit(head).path.strip("/"):
         raise ValueError(f"{redact(location)} names no object below its bucket or host: give a path in it")

@@ -120,7 +120,7 @@ class GatedSource(WrappingSource[T], Generic[T]):
 
         super().__init__(inner)
         self.gate, self.after = os.fspath(gate), after
-        fs.split(self.gate)  # a URI that names no object fails here, not in a worker
+        self._where = fs.split(self.gate)  # (a URI that names no object fails here, not in a worker)
         self._remote = fs.is_remote(self.gate)
         self.read = 0
         self._open = False  #: the gate was seen open (it is never closed again)
@@ -131,7 +131,7 @@ class GatedSource(WrappingSource[T], Generic[T]):
 
         if not self._remote:
             return os.path.exists(fs.local_path(self.gate))
-        head, name = fs.split(self.gate)
+        head, name = self._where
         try:
             if self._store is None:
                 self._store = fs.Store(head)

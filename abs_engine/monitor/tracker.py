@@ -154,7 +154,7 @@ class JobTracker:
         """Operator ``operator`` of ``task`` skipped a record (a Skipped message)."""
         with self.lock:
             self.version += 1
-            by_op, name = self.tasks[task].skipped_by_operator, operator[:200]
+            by_op, name = self.tasks[task].skipped_by_operator, operator[:_NAME_CHARS]
             by_op[name] = by_op.get(name, 0) + 1
 
     def latency_reported(self, age_ms: float) -> None:
@@ -377,7 +377,11 @@ def _ms(t: float) -> int:
     return int(t * 1000)
 
 
+#: Characters of an operator's name a count is kept under (a worker's report is cut there).
+_NAME_CHARS = 200
+
+
 def _counts(by_name: dict[str, int]) -> dict[str, int]:
     """A worker's counts by operator name, each a non-negative int (the message's decoder
     checks only that it is a map)."""
-    return {str(k)[:200]: v for k, v in by_name.items() if type(v) is int and v >= 0}
+    return {str(k)[:_NAME_CHARS]: v for k, v in by_name.items() if type(v) is int and v >= 0}
